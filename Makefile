@@ -1,0 +1,32 @@
+# `make train` and `make test` are the README's two commands: each sets up the virtual
+# environment on first use (or when requirements.txt changes), then does its job.
+PYTHON   ?= python3
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+NPROC    ?= 2
+ARGS     ?=
+
+.PHONY: setup train test test-fast build-ext clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	touch $@
+
+build-ext: setup
+	$(PY) -m src.syncbn.build
+
+train: setup
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+clean:
+	rm -rf build .cache outputs .pytest_cache

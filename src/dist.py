@@ -1,0 +1,217 @@
+"""The single gateway to torch.distributed for everything outside src/syncbn/.
+
+Every helper works, as a no-op or the obvious identity, in a plain one-process run
+(`python train.py`), so callers never branch on whether a process group exists.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def is_initialized() -> bool:
+    """True when a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size() -> int:
+    """Number of processes in the default group (1 without one)."""
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def get_rank() -> int:
+    """Global rank (0 without a process group)."""
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_local_rank() -> int:
+    """Rank within this node, as torchrun sets it."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def get_local_world_size() -> int:
+    """Number of processes on this node, as torchrun sets it."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def get_node_rank() -> int:
+    """Index of this node: torchrun's GROUP_RANK, else derived from the global and local ranks."""
+    if "GROUP_RANK" in os.environ:
+        return int(os.environ["GROUP_RANK"])
+    return get_rank() // max(get_local_world_size(), 1)
+
+
+def is_main_process() -> bool:
+    """True on global rank 0: the only rank that writes logs, events and checkpoints."""
+    return get_rank() == 0
+
+
+def launched_distributed() -> bool:
+    """True when the environment describes a multi-process launch (torchrun, srun wrapper)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def select_device(device: str = "auto") -> torch.device:
+    """The device of this process: cuda:LOCAL_RANK when GPUs are used, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device={device!r} was asked for but CUDA is not available; use device=cpu or device=auto"
+            )
+        if device == "cuda":
+            index = get_local_rank() % torch.cuda.device_count()
+            device = f"cuda:{index}"
+        torch.cuda.set_device(torch.device(device))
+    return torch.device(device)
+
+
+def init_distributed(
+    device: torch.device, backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Create the default process group when launched by torchrun; nothing in a one-process run.
+
+    The timeout applies to every collective: a rank that dies or stalls makes the others fail with
+    an error after `timeout_s` seconds instead of hanging forever.
+    """
+    if is_initialized() or not launched_distributed():
+        return
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
+    )
+
+
+def destroy() -> None:
+    """Tear the default group down (safe to call when none exists)."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op in one process."""
+    if not is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, in rank order."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place all_reduce with op "sum", "mean", "max" or "min"; returns the tensor."""
+    if not is_initialized():
+        return tensor
+    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    if op not in ops:
+        raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(ops)}")
+    dist.all_reduce(tensor, op=ops[op])
+    if op == "mean":
+        tensor.div_(get_world_size())
+    return tensor
+
+
+def reduce_dict(values: dict[str, float], average: bool = True) -> dict[str, float]:
+    """Sum (or average) a dict of scalars over ranks in one collective; same keys on every rank."""
+    if not is_initialized() or not values:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_collective_device())
+    all_reduce(t, "mean" if average else "sum")
+    return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+
+def all_gather_tensor(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's tensor, in rank order; the first dimension may differ between ranks.
+
+    Exact evaluation gives ranks uneven shards, and all_gather needs equal shapes, so sizes are
+    exchanged first and each tensor is padded to the largest, then trimmed.
+    """
+    if not is_initialized():
+        return [tensor]
+    device = _collective_device()
+    local = tensor.to(device)
+    sizes = all_gather_object(local.shape[0])
+    max_size = max(sizes)
+    if local.shape[0] < max_size:
+        pad = local.new_zeros((max_size - local.shape[0],) + tuple(local.shape[1:]))
+        local = torch.cat([local, pad])
+    out = [torch.empty_like(local) for _ in sizes]
+    dist.all_gather(out, local.contiguous())
+    return [t[:n].to(tensor.device) for t, n in zip(out, sizes)]
+
+
+def _collective_device() -> torch.device:
+    if is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def zero_first(local: bool = True) -> Iterator[None]:
+    """Run the body on rank 0 (of each node when `local`) first, then on the others.
+
+    Used for dataset download and extraction: one process per node writes, the rest read what it
+    wrote. If the first process fails, every other rank raises a RuntimeError naming the failure
+    instead of waiting forever at a barrier.
+    """
+    if not is_initialized():
+        yield
+        return
+    leader = get_local_rank() == 0 if local else get_rank() == 0
+    error: str | None = None
+    if leader:
+        try:
+            yield
+        except BaseException as exc:  # report to the others, then re-raise here
+            error = f"{type(exc).__name__}: {exc}"
+            _exchange_leader_status(local, error)
+            raise
+        _exchange_leader_status(local, None)
+        return
+    leader_error = _exchange_leader_status(local, None)
+    if leader_error is not None:
+        who = "local rank 0 of this node" if local else "rank 0"
+        raise RuntimeError(f"{who} failed, so this rank stops too: {leader_error}")
+    yield
+
+
+def _exchange_leader_status(local: bool, error: str | None) -> str | None:
+    """All ranks meet here once; returns the error (or None) of this rank's leader."""
+    statuses = all_gather_object((get_node_rank(), get_local_rank(), get_rank(), error))
+    for node, local_rank, rank, err in statuses:
+        if local and node == get_node_rank() and local_rank == 0:
+            return err
+        if not local and rank == 0:
+            return err
+    return None
