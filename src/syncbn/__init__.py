@@ -1,0 +1,1 @@
+"""Synchronized BatchNorm: modules, autograd function, collectives and the kernel extension loader."""
