@@ -1,0 +1,82 @@
+# SyncTrain training image: the repository, its requirements and the SyncBN kernels compiled ahead
+# of time, with torchrun as the entry point. Build and run commands: docs/clusters.md.
+#
+#   docker build -t synctrain --build-arg TORCH_CUDA_ARCH_LIST="8.0 9.0+PTX" .
+#   docker run --rm --gpus all --ipc=host synctrain                      # default job on every GPU
+#   docker run --rm --gpus all --ipc=host synctrain --standalone --nproc_per_node=gpu train.py model=resnet50
+#
+# Base image: PyTorch's official *devel* image for exactly the torch build requirements.txt pins
+# (torch 2.14.1 built for CUDA 13.0, i.e. 2.14.1+cu130, cuDNN 9). "devel" because the SyncBN
+# extension is compiled with nvcc and the CUDA headers (runtime images have neither), here at build
+# time and again inside the container if someone targets another GPU architecture. Pinned by tag so
+# a rebuild gets the same toolchain; to move CUDA or torch, change this tag and requirements.txt
+# together (the constraints step below fails loudly if the image has no torch).
+FROM pytorch/pytorch:2.14.1-cuda13.0-cudnn9-devel
+
+# pipefail: a failing command on the left of a pipe must fail the build (hadolint DL4006).
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# GPU architectures the CUDA kernels are compiled for (compute capability; "+PTX" also embeds PTX
+# that the driver JIT-compiles for newer GPUs). 8.0 = A100, 8.6 = RTX 30xx/A10, 8.9 = L4/RTX 40xx,
+# 9.0 = H100/H200, 10.0 = B200, 12.0 = RTX 50xx. Fewer architectures build faster.
+ARG TORCH_CUDA_ARCH_LIST="8.0 9.0+PTX"
+# The unprivileged user the container runs as. Match your host ids so that files written to mounted
+# output folders are yours: --build-arg USER_UID=$(id -u) --build-arg USER_GID=$(id -g).
+ARG APP_USER=synctrain
+ARG USER_UID=1000
+ARG USER_GID=1000
+# Where pip finds CUDA 13.0 builds of torch/torchvision, should requirements.txt need one the base
+# image lacks (PyPI's default wheels may target another CUDA version).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+
+# The image's Python is the system Python of Ubuntu 24.04, marked externally managed (PEP 668); this
+# container has one purpose, so installing into it is what we want.
+# TORCH_CUDA_ARCH_LIST stays set at run time so that a rebuild inside the container (new sources)
+# targets the same GPUs; SYNCTRAIN_EXTENSIONS_DIR is where src.syncbn looks for the compiled kernels.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
+    SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions
+
+# Ubuntu 24.04 images ship a user "ubuntu" with UID/GID 1000; free the requested ids first so that
+# our user gets exactly them.
+RUN existing_user="$(getent passwd "${USER_UID}" | cut -d: -f1)" \
+    && if [ -n "${existing_user}" ]; then userdel "${existing_user}"; fi \
+    && existing_group="$(getent group "${USER_GID}" | cut -d: -f1)" \
+    && if [ -n "${existing_group}" ]; then groupdel "${existing_group}"; fi \
+    && groupadd --gid "${USER_GID}" "${APP_USER}" \
+    && useradd --uid "${USER_UID}" --gid "${USER_GID}" --create-home --shell /bin/bash "${APP_USER}" \
+    && mkdir -p /opt/synctrain /data /outputs \
+    && chown "${USER_UID}:${USER_GID}" /opt/synctrain /data /outputs
+
+WORKDIR /opt/synctrain
+
+# Requirements first, in their own layer: editing the code does not reinstall them. The constraints
+# file pins torch/torchvision to the builds already in the image, so pip can never replace the
+# image's CUDA 13.0 torch with a wheel built for another CUDA (requirements.txt's torch==2.14.1
+# matches the installed 2.14.1+cu130: PEP 440 ignores the local "+cu130" label). grep fails the build
+# if the base image has no torch at all.
+COPY requirements.txt ./
+RUN python -m pip list --format=freeze | grep -iE '^(torch|torchvision)==' > /tmp/torch-constraints.txt \
+    && python -m pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
+        -c /tmp/torch-constraints.txt -r requirements.txt \
+    && rm /tmp/torch-constraints.txt \
+    && python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+
+COPY --chown=${USER_UID}:${USER_GID} . .
+
+USER ${APP_USER}
+
+# Compile the SyncBN kernels now (C++ and CUDA; nvcc needs no GPU) into SYNCTRAIN_EXTENSIONS_DIR,
+# so workers load them at start-up instead of compiling on every node of every job. The cache is
+# made writable for any user, because torch's loader takes a lock file in it on every load and
+# `docker run --user` may run as another uid.
+RUN python -m src.syncbn.build --cuda \
+    && chmod -R a+rwX build
+
+# torchrun, so that `docker run IMAGE <torchrun arguments> train.py <overrides>` is the same command
+# line as outside the container. The default: one node, one worker per visible GPU, default job.
+ENTRYPOINT ["torchrun"]
+CMD ["--standalone", "--nproc_per_node=gpu", "train.py"]
