@@ -1,0 +1,67 @@
+"""Write predictions to disk in dataset order, from rank 0 only.
+
+Layout of the export directory (docs/evaluation.md):
+- classification: `predictions.npy` (int64 [N], entry i = predicted class of dataset sample i) and
+  `predictions.csv` (header `index,prediction`, one row per sample in dataset order).
+- segmentation: one palette PNG per image, `{index:06d}.png`, the same size as the image; pixel values are
+  the predicted class indices (np.array(PIL.Image.open(path)) gives them back) and the palette is
+  Pascal VOC's, so the files also look right in an image viewer.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from src import dist
+from src.engine.visualize import color_palette
+
+# Masks travel to rank 0 in rounds of this many per rank, so no rank ever holds every rank's masks
+# at once (VOC val is ~270 MB of uint8 masks).
+_MASKS_PER_ROUND = 32
+
+
+def mask_filename(index: int) -> str:
+    """File name of dataset sample `index`'s exported mask."""
+    return f"{index:06d}.png"
+
+
+def export_classification(out_dir: Path, indices: torch.Tensor, preds: torch.Tensor) -> None:
+    """Write predictions.npy and predictions.csv (call on rank 0 with the gathered, index-sorted rows)."""
+    order = indices.argsort(stable=True)
+    indices, preds = indices[order].numpy(), preds[order].numpy().astype(np.int64)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / "predictions.npy", preds)
+    with open(out_dir / "predictions.csv", "w", encoding="utf-8") as f:
+        f.write("index,prediction\n")
+        f.writelines(f"{i},{p}\n" for i, p in zip(indices.tolist(), preds.tolist()))
+
+
+def save_mask_png(path: Path, mask: np.ndarray) -> None:
+    """Save a [H, W] array of class indices (0-255) as a palette PNG."""
+    mask = np.ascontiguousarray(mask, dtype=np.uint8)
+    image = Image.frombytes("P", (mask.shape[1], mask.shape[0]), mask.tobytes())
+    image.putpalette(color_palette().flatten().tolist())
+    image.save(path)
+
+
+def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) -> None:
+    """Gather every rank's (index, uint8 mask) pairs and write one PNG per image from rank 0.
+
+    Collective: every rank must call it (with its own, possibly empty, list), after its loop.
+    """
+    if dist.is_main_process():
+        out_dir.mkdir(parents=True, exist_ok=True)
+    counts = dist.all_gather_object(len(masks))
+    rounds = math.ceil(max(counts) / _MASKS_PER_ROUND) if max(counts) else 0
+    for r in range(rounds):
+        chunk = [(i, m.numpy()) for i, m in masks[r * _MASKS_PER_ROUND:(r + 1) * _MASKS_PER_ROUND]]
+        gathered = dist.all_gather_object(chunk)
+        if dist.is_main_process():
+            for rank_chunk in gathered:
+                for index, mask in rank_chunk:
+                    save_mask_png(out_dir / mask_filename(index), mask)
+    dist.barrier()  # every rank returns once the files exist
