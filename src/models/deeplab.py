@@ -1,0 +1,108 @@
+"""DeepLabV3 and DeepLabV3+ on ResNet-18/34/50/101, from torchvision's segmentation building blocks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
+from torchvision.models.segmentation.fcn import FCNHead
+
+from src.models.norms import NormLayer, replace_batchnorm2d
+from src.models.resnet import build_dilated_resnet, feature_channels
+
+# Output stride -> (replace_stride_with_dilation for layer2..4, ASPP atrous rates), as in the DeepLabV3 paper.
+OUTPUT_STRIDES: dict[int, tuple[tuple[bool, bool, bool], tuple[int, int, int]]] = {
+    8: ((False, True, True), (12, 24, 36)),
+    16: ((False, False, True), (6, 12, 18)),
+}
+LOW_LEVEL_CHANNELS = 48  # DeepLabV3+ paper: project layer1 features to 48 channels
+
+
+def deeplab_head(in_channels: int, num_classes: int, rates: Sequence[int], channels: int = 256) -> nn.Sequential:
+    """torchvision's DeepLabHead layout (same module indices and keys) with a configurable width."""
+    return nn.Sequential(
+        ASPP(in_channels, rates, channels),
+        nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
+        nn.Conv2d(channels, num_classes, 1),
+    )
+
+
+class DeepLabV3PlusHead(nn.Module):
+    """ASPP on the deep features + decoder fusing 48-channel projected layer1 features (Chen et al. 2018)."""
+
+    def __init__(self, in_channels: int, low_level_channels: int, num_classes: int, rates: Sequence[int],
+                 channels: int = 256) -> None:
+        super().__init__()
+        self.aspp = ASPP(in_channels, rates, channels)
+        self.project = nn.Sequential(nn.Conv2d(low_level_channels, LOW_LEVEL_CHANNELS, 1, bias=False),
+                                     nn.BatchNorm2d(LOW_LEVEL_CHANNELS), nn.ReLU())
+        self.fuse = nn.Sequential(
+            nn.Conv2d(channels + LOW_LEVEL_CHANNELS, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels), nn.ReLU(),
+        )
+        self.classifier = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, features: torch.Tensor, low_level: torch.Tensor) -> torch.Tensor:
+        """Logits at the low-level features' resolution (output stride 4)."""
+        x = self.aspp(features)
+        x = F.interpolate(x, size=low_level.shape[-2:], mode="bilinear", align_corners=False)
+        x = self.fuse(torch.cat([x, self.project(low_level)], dim=1))
+        return self.classifier(x)
+
+
+class DeepLabV3Plus(nn.Module):
+    """backbone -> DeepLabV3PlusHead; forward(x) -> {"out": [N,K,H,W], "aux": ... when an aux head exists}."""
+
+    def __init__(self, backbone: nn.Module, classifier: DeepLabV3PlusHead, aux_classifier: nn.Module | None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.classifier = classifier
+        self.aux_classifier = aux_classifier
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Same output contract as torchvision's DeepLabV3: logits upsampled to the input size."""
+        size = x.shape[-2:]
+        features = self.backbone(x)
+        result = OrderedDict()
+        out = self.classifier(features["out"], features["low_level"])
+        result["out"] = F.interpolate(out, size=size, mode="bilinear", align_corners=False)
+        if self.aux_classifier is not None:
+            aux = self.aux_classifier(features["aux"])
+            result["aux"] = F.interpolate(aux, size=size, mode="bilinear", align_corners=False)
+        return result
+
+
+def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_stride: int = 16,
+                  aux: bool = False, head_channels: int = 256, zero_init_residual: bool = False) -> nn.Module:
+    """DeepLabV3 ("deeplabv3_<resnet>") or DeepLabV3+ ("deeplabv3plus_<resnet>") with norm_layer everywhere."""
+    variant, backbone_name = name.split("_", 1)
+    dilate, rates = OUTPUT_STRIDES[output_stride]
+    resnet = build_dilated_resnet(backbone_name, norm_layer, dilate, zero_init_residual)
+    channels = feature_channels(backbone_name)
+    return_layers = {"layer4": "out"}
+    if aux:
+        return_layers["layer3"] = "aux"
+    if variant == "deeplabv3plus":
+        return_layers["layer1"] = "low_level"
+    backbone = IntermediateLayerGetter(resnet, return_layers=return_layers)  # drops avgpool and fc
+    aux_classifier = FCNHead(channels["layer3"], num_classes) if aux else None
+    if variant == "deeplabv3":
+        model: nn.Module = DeepLabV3(backbone, deeplab_head(channels["layer4"], num_classes, rates, head_channels),
+                                     aux_classifier)
+    else:
+        head = DeepLabV3PlusHead(channels["layer4"], channels["layer1"], num_classes, rates, head_channels)
+        model = DeepLabV3Plus(backbone, head, aux_classifier)
+    # torchvision's ASPP, DeepLabHead and FCNHead hard-code nn.BatchNorm2d: swap in the configured norm.
+    model.classifier = replace_batchnorm2d(model.classifier, norm_layer)
+    if model.aux_classifier is not None:
+        model.aux_classifier = replace_batchnorm2d(model.aux_classifier, norm_layer)
+    return model
