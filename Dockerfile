@@ -74,7 +74,7 @@ USER ${APP_USER}
 # made writable for any user, because torch's loader takes a lock file in it on every load and
 # `docker run --user` may run as another uid.
 RUN python -m src.syncbn.build --cuda \
-    && chmod -R a+rwX build
+    && chmod -R a+rwX "${SYNCTRAIN_EXTENSIONS_DIR}"
 
 # torchrun, so that `docker run IMAGE <torchrun arguments> train.py <overrides>` is the same command
 # line as outside the container. The default: one node, one worker per visible GPU, default job.
