@@ -1,0 +1,114 @@
+"""Data: datasets (embedded shapes, CIFAR, ImageFolder, VOC, Cityscapes), transforms, samplers, loaders.
+
+    bundle = build_datasets(cfg.data, seed=cfg.seed)
+    train_loader = build_train_loader(bundle.train, cfg.data, rank, world_size, seed=cfg.seed)
+    for epoch in range(epochs):
+        set_loader_epoch(train_loader, epoch)     # sampler order and augmentation of this epoch
+        for images, targets in train_loader: ...
+    for images, targets, indices in build_eval_loader(bundle.val, cfg.data, rank, world_size): ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from src.data.classification import build_classification
+from src.data.config import CLASSIFICATION_DATASETS, DataConfig, coerce
+from src.data.samplers import ExactEvalSampler, TrainBatchSampler
+from src.data.seeded import IndexedDataset, SeededTransformDataset
+from src.data.seg_transforms import IGNORE_INDEX, segmentation_eval_transform, segmentation_train_transform
+from src.data.segmentation import build_segmentation
+from src.data.transforms import classification_eval_transform, classification_train_transform
+
+__all__ = [
+    "DataBundle", "DataConfig", "ExactEvalSampler", "TrainBatchSampler", "build_datasets", "build_eval_loader",
+    "build_train_loader", "set_loader_epoch",
+]
+
+
+@dataclass
+class DataBundle:
+    """What the trainer needs to know about a dataset."""
+
+    train: SeededTransformDataset
+    val: SeededTransformDataset
+    num_classes: int
+    task: str  # "classification" | "segmentation"
+    ignore_index: int = IGNORE_INDEX  # 255; only segmentation masks contain it
+    class_names: list[str] = field(default_factory=list)
+
+
+def build_datasets(data_cfg: Any, seed: int) -> DataBundle:
+    """Train and val datasets of data_cfg.name with their transforms; downloads are barrier-guarded.
+
+    `seed` (the run's seed) drives training augmentation only; the shapes images are fixed by
+    data.generator_seed. Missing files raise FileNotFoundError saying where they must go.
+    """
+    cfg = coerce(data_cfg)
+    cfg.validate()
+    if cfg.name in CLASSIFICATION_DATASETS:
+        train, val, names = build_classification(cfg)
+        task, same_size = "classification", True
+        train_tf, eval_tf = classification_train_transform(cfg), classification_eval_transform(cfg)
+    else:
+        train, val, names, same_size = build_segmentation(cfg)
+        task = "segmentation"
+        train_tf, eval_tf = segmentation_train_transform(cfg), segmentation_eval_transform(cfg)
+    return DataBundle(
+        # The training crops all have one size when augmenting; without augmentation they have the images' sizes.
+        train=SeededTransformDataset(train, train_tf, seed, same_size=same_size or cfg.augment),
+        val=SeededTransformDataset(val, eval_tf, seed, same_size=same_size),
+        num_classes=len(names),
+        task=task,
+        ignore_index=IGNORE_INDEX,
+        class_names=names,
+    )
+
+
+def _loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "num_workers": cfg.num_workers,
+        # Pinned memory only helps host-to-GPU copies; on CPU-only machines it just costs.
+        "pin_memory": cfg.pin_memory and torch.cuda.is_available(),
+    }
+    if cfg.num_workers > 0:
+        kwargs["persistent_workers"] = cfg.persistent_workers
+        kwargs["prefetch_factor"] = cfg.prefetch_factor
+    return kwargs
+
+
+def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, seed: int,
+                       drop_last: bool = True) -> DataLoader:
+    """Loader over this rank's micro-batches (TrainBatchSampler); yields (images, targets).
+
+    No worker_init_fn: augmentation is seeded per sample from (seed, epoch, index), so worker RNG
+    states never matter, and the epoch reaches workers inside the sampled indices.
+    """
+    cfg = coerce(data_cfg)
+    sampler = TrainBatchSampler(len(dataset), cfg.batch_size, rank=rank, world_size=world_size, seed=seed,
+                                shuffle=True, drop_last=drop_last)
+    return DataLoader(dataset, batch_sampler=sampler, **_loader_kwargs(cfg))
+
+
+def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:
+    """Loader over this rank's contiguous shard (ExactEvalSampler); yields (images, targets, indices).
+
+    Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
+    """
+    cfg = coerce(data_cfg)
+    batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) else 1
+    return DataLoader(IndexedDataset(dataset), batch_size=batch_size,
+                      sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
+                      **_loader_kwargs(cfg))
+
+
+def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
+    """Set the epoch of a train loader's sampler and dataset (order and augmentation of that epoch)."""
+    sampler = loader.batch_sampler
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    if hasattr(loader.dataset, "set_epoch"):
+        loader.dataset.set_epoch(epoch)

@@ -1,0 +1,78 @@
+"""Classification transforms (torchvision.transforms.v2) and the PIL -> tensor adapters for datasets."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from src.data.config import DataConfig
+
+
+class PairTransform:
+    """Runs a v2 pipeline on an (image, target) pair and returns plain tensors (subclasses stripped).
+
+    Plain tensors collate and move to devices without tv_tensor wrapping rules getting in the way.
+    """
+
+    def __init__(self, pipeline: Callable[..., Any]) -> None:
+        self.pipeline = pipeline
+
+    def __call__(self, image: Any, target: Any) -> tuple[torch.Tensor, Any]:
+        image, target = self.pipeline(image, target)
+        if isinstance(target, torch.Tensor):
+            target = target.as_subclass(torch.Tensor)
+        return image.as_subclass(torch.Tensor), target
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.pipeline!r})"
+
+
+def normalize(cfg: DataConfig) -> list[Any]:
+    """uint8 -> float32 in [0, 1], then per-channel normalisation."""
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(cfg.mean), std=list(cfg.std))]
+
+
+def classification_train_transform(cfg: DataConfig) -> PairTransform:
+    """Training augmentation: small images pad-and-crop, ImageNet-style images RandomResizedCrop; flip."""
+    steps: list[Any] = [v2.ToImage()]
+    if cfg.augment:
+        if cfg.random_crop:
+            if cfg.name == "imagefolder":
+                steps.append(v2.RandomResizedCrop(cfg.image_size, antialias=True))
+            else:
+                steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.crop_padding or None))
+        elif cfg.name == "imagefolder":
+            steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+        if cfg.hflip:
+            steps.append(v2.RandomHorizontalFlip())
+        if cfg.color_jitter > 0:
+            j = cfg.color_jitter
+            steps.append(v2.ColorJitter(brightness=j, contrast=j, saturation=j))
+    elif cfg.name == "imagefolder":
+        steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+    return PairTransform(v2.Compose(steps + normalize(cfg)))
+
+
+def classification_eval_transform(cfg: DataConfig) -> PairTransform:
+    """Evaluation: ImageNet-style Resize + CenterCrop; small images as they are."""
+    steps: list[Any] = [v2.ToImage()]
+    if cfg.name == "imagefolder":
+        steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+    return PairTransform(v2.Compose(steps + normalize(cfg)))
+
+
+def to_image(image: Any) -> tv_tensors.Image:
+    """A uint8 [3, H, W] tv_tensors.Image from a PIL image or an HxWx3 array (RGB forced)."""
+    if hasattr(image, "convert"):
+        image = image.convert("RGB")
+    return v2.functional.to_image(image)
+
+
+def to_mask(mask: Any, lut: torch.Tensor | None = None) -> tv_tensors.Mask:
+    """A uint8 [H, W] tv_tensors.Mask from a PIL label image, optionally mapped through a lookup table."""
+    t = v2.functional.pil_to_tensor(mask)[0] if hasattr(mask, "getbands") else torch.as_tensor(mask)
+    if lut is not None:
+        t = lut[t.long()]
+    return tv_tensors.Mask(t.to(torch.uint8))
