@@ -1,0 +1,232 @@
+"""Top-level structured config: the schema conf/train.yaml is checked against, and validate_config().
+
+The data, model and norm groups own their dataclasses (src/data/config.py, src/models/config.py);
+this module owns optim/sched/trainer and the top level, registers everything in Hydra's ConfigStore
+as `train_schema`, and runs every check before any process group starts, so a typo fails fast on
+every rank with a message that names the key instead of hanging a job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from src.data.config import DataConfig
+from src.models.config import ModelConfig, NormConfig
+
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("cosine", "step", "poly")
+AMP_MODES = ("none", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+BUFFER_SYNC = ("reduce", "broadcast", "none")
+SEGMENTATION_DATA = ("shapes_seg", "voc", "cityscapes")
+METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (torch.optim.SGD or AdamW) and its parameter groups."""
+
+    name: str = "sgd"
+    lr: float = 0.1
+    # When set, lr is for this many images and is scaled by effective_batch / reference_batch_size.
+    reference_batch_size: Optional[int] = None
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 5e-4
+    exclude_bias_and_norm_from_weight_decay: bool = True
+    head_lr_mult: float = 1.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad key."""
+        _one_of("optim.name", self.name, OPTIMIZERS)
+        _positive("optim.lr", self.lr)
+        if self.reference_batch_size is not None:
+            _positive("optim.reference_batch_size", self.reference_batch_size)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise ValueError("optim.nesterov=true needs optim.name=sgd and optim.momentum > 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        _positive("optim.eps", self.eps)
+        _non_negative("optim.weight_decay", self.weight_decay)
+        _positive("optim.head_lr_mult", self.head_lr_mult)
+
+
+@dataclass
+class SchedConfig:
+    """LR schedule from torch.optim.lr_scheduler, stepped once per optimizer step."""
+
+    name: str = "cosine"
+    warmup_epochs: float = 0.0
+    warmup_start_factor: float = 0.1
+    min_lr_ratio: float = 0.0  # cosine: eta_min = lr * min_lr_ratio
+    step_epochs: int = 30  # step: StepLR period in epochs
+    milestones: List[int] = field(default_factory=list)  # step: MultiStepLR epochs (overrides step_epochs)
+    gamma: float = 0.1  # step: LR factor at each step
+    power: float = 0.9  # poly: PolynomialLR power
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad key."""
+        _one_of("sched.name", self.name, SCHEDULES)
+        _non_negative("sched.warmup_epochs", self.warmup_epochs)
+        if not 0.0 < self.warmup_start_factor <= 1.0:
+            raise ValueError(f"sched.warmup_start_factor must be in (0, 1], got {self.warmup_start_factor}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"sched.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _positive("sched.step_epochs", self.step_epochs)
+        if list(self.milestones) != sorted(set(self.milestones)) or any(m <= 0 for m in self.milestones):
+            raise ValueError(f"sched.milestones must be increasing positive epochs, got {list(self.milestones)}")
+        _positive("sched.gamma", self.gamma)
+        _positive("sched.power", self.power)
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: length, accumulation, precision, logging, checkpoints, distributed knobs."""
+
+    epochs: int = 10
+    max_steps: Optional[int] = None
+    grad_accum_steps: int = 1
+    amp: str = "none"
+    channels_last: bool = False
+    grad_clip_norm: Optional[float] = None
+    label_smoothing: float = 0.0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    ema: bool = False
+    ema_decay: float = 0.999
+    eval_every: int = 1
+    log_every: int = 20
+    checkpoint_every: int = 0
+    keep_best: int = 1
+    best_metric: str = "auto"
+    resume: str = "none"
+    deterministic: bool = False
+    dist_timeout_s: float = 1800.0
+    ddp_bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    broadcast_buffers: bool = False
+    norm_buffer_sync: str = "reduce"
+    num_threads: int = 0
+    progress_bar: bool = True
+    tensorboard: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad key."""
+        _positive("trainer.epochs", self.epochs)
+        if self.max_steps is not None:
+            _positive("trainer.max_steps", self.max_steps)
+        _positive("trainer.grad_accum_steps", self.grad_accum_steps)
+        _one_of("trainer.amp", self.amp, AMP_MODES)
+        if self.grad_clip_norm is not None:
+            _positive("trainer.grad_clip_norm", self.grad_clip_norm)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        _non_negative("trainer.mixup_alpha", self.mixup_alpha)
+        _non_negative("trainer.cutmix_alpha", self.cutmix_alpha)
+        if not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}")
+        _positive("trainer.eval_every", self.eval_every)
+        _positive("trainer.log_every", self.log_every)
+        _non_negative("trainer.checkpoint_every", self.checkpoint_every)
+        _non_negative("trainer.keep_best", self.keep_best)
+        if not self.resume:
+            raise ValueError("trainer.resume must be none, auto or a checkpoint path, got an empty string")
+        _positive("trainer.dist_timeout_s", self.dist_timeout_s)
+        _positive("trainer.ddp_bucket_cap_mb", self.ddp_bucket_cap_mb)
+        _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
+        _non_negative("trainer.num_threads", self.num_threads)
+
+
+@dataclass
+class TrainConfig:
+    """Everything `train.py` reads; `hydra` is Hydra's own node and is not part of this schema."""
+
+    seed: int = 0
+    device: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def validate_config(cfg: DictConfig | dict[str, Any]) -> DictConfig:
+    """Merge `cfg` into the schema (unknown keys and wrong types rejected), run every check; return it typed.
+
+    Raises ValueError whose message names the offending key. Call it before init_distributed.
+    """
+    raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    if "hydra" in raw:  # a config loaded from .hydra/ or composed with return_hydra_config
+        raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+        OmegaConf.resolve(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ValueError(f"invalid config key {key!r}: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    typed: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    if typed.device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")
+    for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer):
+        part.validate()
+    typed.norm.validate(typed.device)  # torch_syncbn needs CUDA + NCCL: refused here, not at the first forward
+    _check_across_groups(typed)
+    return merged
+
+
+def task_of(cfg: DictConfig | TrainConfig) -> str:
+    """"classification" or "segmentation", from the model (the data must agree: see validate_config)."""
+    from src.models import model_task
+
+    return model_task(cfg.model)
+
+
+def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
+    """The metric that ranks best-k checkpoints (resolves trainer.best_metric=auto)."""
+    if cfg.trainer.best_metric != "auto":
+        return cfg.trainer.best_metric
+    return "top1" if task_of(cfg) == "classification" else "miou"
+
+
+def _check_across_groups(cfg: TrainConfig) -> None:
+    task = task_of(cfg)
+    data_task = "segmentation" if cfg.data.name in SEGMENTATION_DATA else "classification"
+    if task != data_task:
+        raise ValueError(
+            f"model.name={cfg.model.name} is a {task} model but data.name={cfg.data.name} is a "
+            f"{data_task} dataset; pick a matching pair (e.g. data=shapes_seg for deeplab models)"
+        )
+    metric = best_metric_of(cfg)
+    if metric not in METRICS[task]:
+        raise ValueError(f"trainer.best_metric={metric!r} is not a {task} metric; use one of {METRICS[task]} or auto")
+    if task == "segmentation" and (cfg.trainer.mixup_alpha > 0 or cfg.trainer.cutmix_alpha > 0):
+        raise ValueError("trainer.mixup_alpha / trainer.cutmix_alpha apply to classification only; set them to 0")
+    if cfg.device == "cpu" and cfg.trainer.amp == "fp16":
+        raise ValueError("trainer.amp=fp16 needs a GPU; on the CPU use trainer.amp=bf16 or none")
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{key} must be > 0, got {value}")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")

@@ -1,0 +1,70 @@
+"""Optimizer and LR-schedule builders on top of torch.optim and torch.optim.lr_scheduler.
+
+Schedules are expressed in epochs in the config but stepped once per optimizer step here, so warmup
+and decay are smooth and independent of how many steps an epoch has.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.optim import lr_scheduler
+
+from src.models import param_groups
+
+log = logging.getLogger(__name__)
+
+
+def effective_lr(optim_cfg: Any, effective_batch: int) -> float:
+    """optim.lr, scaled by effective_batch / reference_batch_size when that is set (linear scaling rule)."""
+    if optim_cfg.reference_batch_size:
+        return optim_cfg.lr * effective_batch / optim_cfg.reference_batch_size
+    return optim_cfg.lr
+
+
+def build_optimizer(model: nn.Module, optim_cfg: Any, effective_batch: int) -> torch.optim.Optimizer:
+    """torch.optim.SGD or AdamW over param_groups(model)."""
+    lr = effective_lr(optim_cfg, effective_batch)
+    # Backbone / head (head_lr_mult) x decay / no decay: norm weights and biases are not decayed, since
+    # decaying BN scales pulls them to zero without regularising anything useful (Goyal et al. 2017).
+    groups = param_groups(model, optim_cfg.head_lr_mult, weight_decay=optim_cfg.weight_decay,
+                          no_decay_norm_bias=optim_cfg.exclude_bias_and_norm_from_weight_decay, base_lr=lr)
+    if optim_cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, sched_cfg: Any, steps_per_epoch: int,
+                    total_steps: int) -> lr_scheduler.LRScheduler:
+    """Warmup (LinearLR) then cosine / step / poly, chained with SequentialLR; one .step() per optimizer step."""
+    warmup = min(round(sched_cfg.warmup_epochs * steps_per_epoch), max(total_steps - 1, 0))
+    decay_steps = max(total_steps - warmup, 1)
+    if sched_cfg.name == "cosine":
+        base = optimizer.param_groups[0]["initial_lr" if "initial_lr" in optimizer.param_groups[0] else "lr"]
+        main: lr_scheduler.LRScheduler = lr_scheduler.CosineAnnealingLR(
+            optimizer, T_max=decay_steps, eta_min=base * sched_cfg.min_lr_ratio)
+    elif sched_cfg.name == "poly":
+        main = lr_scheduler.PolynomialLR(optimizer, total_iters=decay_steps, power=sched_cfg.power)
+    elif sched_cfg.milestones:
+        # Milestones are epochs from the start of training; the main schedule starts after warmup.
+        steps = [max(m * steps_per_epoch - warmup, 1) for m in sched_cfg.milestones]
+        main = lr_scheduler.MultiStepLR(optimizer, milestones=steps, gamma=sched_cfg.gamma)
+    else:
+        main = lr_scheduler.StepLR(optimizer, step_size=max(sched_cfg.step_epochs * steps_per_epoch, 1),
+                                   gamma=sched_cfg.gamma)
+    if warmup == 0:
+        return main
+    ramp = lr_scheduler.LinearLR(optimizer, start_factor=sched_cfg.warmup_start_factor, total_iters=warmup)
+    return lr_scheduler.SequentialLR(optimizer, schedulers=[ramp, main], milestones=[warmup])
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The LR of the first (non-head) parameter group, for logging."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def trainable(params: Iterable[nn.Parameter]) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in params if p.requires_grad)
