@@ -1,0 +1,176 @@
+"""Datasets on disk, proven with tiny files written here (nothing can be downloaded in tests)."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets
+
+from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _write_fake_cifar10(root: Path, n_per_batch: int = 4) -> dict[str, list]:
+    """torchvision's layout with tiny batches; returns the MD5 lists matching the files."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    lists: dict[str, list] = {"train_list": [], "test_list": []}
+    names = [(n, "train_list") for n, _ in datasets.CIFAR10.train_list] + [("test_batch", "test_list")]
+    for i, (name, which) in enumerate(names):
+        data = rng.integers(0, 256, size=(n_per_batch, 3 * 32 * 32), dtype=np.uint8)
+        labels = [(i + j) % 10 for j in range(n_per_batch)]
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels}, f)
+        lists[which].append([name, _md5(folder / name)])
+    meta = folder / "batches.meta"
+    with open(meta, "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    lists["meta"] = {"filename": "batches.meta", "key": "label_names", "md5": _md5(meta)}
+    return lists
+
+
+def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lists = _write_fake_cifar10(tmp_path)
+    # The real files' checksums are torchvision constants; point them at our tiny files instead.
+    for attr, value in lists.items():
+        monkeypatch.setattr(datasets.CIFAR10, attr, value)
+    cfg = DataConfig(name="cifar10", root=str(tmp_path), batch_size=4, eval_batch_size=3,
+                     mean=[0.49, 0.48, 0.45], std=[0.25, 0.24, 0.26])
+    bundle = build_datasets(cfg, seed=0)
+    assert bundle.num_classes == 10 and bundle.task == "classification"
+    assert bundle.class_names == [f"c{i}" for i in range(10)]
+    assert len(bundle.train) == 20 and len(bundle.val) == 4
+    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64
+    batches = list(build_eval_loader(bundle.val, cfg, 0, 1))
+    assert [b[2].tolist() for b in batches] == [[0, 1, 2], [3]]
+    # Evaluation does no augmentation: the first val image, un-normalised, is the stored pixels.
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "rb") as f:
+        raw = pickle.load(f)["data"][0].reshape(3, 32, 32)
+    x0 = batches[0][0][0] * torch.tensor(cfg.std)[:, None, None] + torch.tensor(cfg.mean)[:, None, None]
+    assert torch.allclose(x0 * 255, torch.from_numpy(raw).float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("name,folder", [("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python")])
+def test_cifar_missing_offline_says_where(tmp_path: Path, name: str, folder: str) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        build_datasets(DataConfig(name=name, root=str(tmp_path / "nowhere")), seed=0)
+    msg = str(info.value)
+    assert str((tmp_path / "nowhere" / folder).resolve()) in msg and "data.download=true" in msg
+
+
+def test_cifar_corrupt_files_say_what_to_do(tmp_path: Path) -> None:
+    _write_fake_cifar10(tmp_path)  # real torchvision checksums: these files do not match them
+    with pytest.raises(RuntimeError, match="checksum"):
+        build_datasets(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
+
+
+def _png(path: Path, size: tuple[int, int], colour: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((size[1], size[0], 3), colour, dtype=np.uint8)).save(path)
+
+
+def test_imagefolder(tmp_path: Path) -> None:
+    for split in ("train", "val"):
+        for c, cls in enumerate(("ant", "bee", "cat")):
+            for i in range(3):
+                _png(tmp_path / split / cls / f"{i}.png", (50 + 10 * i, 40), 80 * c)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=3,
+                     eval_batch_size=4)
+    bundle = build_datasets(cfg, seed=0)
+    assert bundle.class_names == ["ant", "bee", "cat"] and bundle.num_classes == 3
+    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    assert x.shape == (3, 3, 24, 24)
+    xs, ys, idx = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
+    assert xs.shape == (4, 3, 24, 24) and ys.tolist() == [0, 0, 0, 1] and idx.tolist() == [0, 1, 2, 3]
+
+
+def test_imagefolder_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str((tmp_path / "train").resolve())):
+        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)), seed=0)
+    _png(tmp_path / "train" / "a" / "0.png", (8, 8), 0)
+    _png(tmp_path / "val" / "b" / "0.png", (8, 8), 0)
+    with pytest.raises(ValueError, match="class folders"):
+        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)
+
+
+def _palette_png(path: Path, labels: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img = Image.fromarray(labels.astype(np.uint8), mode="P")
+    img.putpalette([v for i in range(256) for v in (i, 255 - i, (7 * i) % 256)])
+    img.save(path)
+
+
+def _write_fake_voc(root: Path) -> None:
+    voc = root / "VOCdevkit" / "VOC2012"
+    sizes = {"a": (30, 20), "b": (25, 35), "c": (40, 40)}
+    for stem, (w, h) in sizes.items():
+        _png(voc / "JPEGImages" / f"{stem}.jpg", (w, h), 100)
+        labels = np.zeros((h, w), dtype=np.uint8)
+        labels[: h // 2] = 15
+        labels[h // 2] = 255  # VOC's "void" border
+        _palette_png(voc / "SegmentationClass" / f"{stem}.png", labels)
+    (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+    (voc / "ImageSets" / "Segmentation" / "train.txt").write_text("a\nb\n")
+    (voc / "ImageSets" / "Segmentation" / "val.txt").write_text("b\nc\n")
+
+
+def test_voc(tmp_path: Path) -> None:
+    _write_fake_voc(tmp_path)
+    cfg = DataConfig(name="voc", root=str(tmp_path), crop_size=16, base_size=20, batch_size=2,
+                     mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    bundle = build_datasets(cfg, seed=0)
+    assert bundle.num_classes == 21 and bundle.class_names[15] == "person" and bundle.task == "segmentation"
+    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    assert x.shape == (2, 3, 16, 16) and m.shape == (2, 16, 16) and m.dtype == torch.int64
+    assert set(m.unique().tolist()) <= {0, 15, 255}
+    shapes = []
+    for x, m, idx in build_eval_loader(bundle.val, cfg, 0, 1):
+        assert x.shape[0] == 1, "VOC images differ in size: one per batch"
+        shapes.append(tuple(m.shape[1:]))
+        h = m.shape[1]
+        assert (m[0, : h // 2] == 15).all() and (m[0, h // 2] == 255).all() and (m[0, h // 2 + 1:] == 0).all()
+    assert shapes == [(35, 25), (40, 40)]
+
+
+def test_voc_missing_offline_says_where(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        build_datasets(DataConfig(name="voc", root=str(tmp_path)), seed=0)
+    assert str((tmp_path / "VOCdevkit" / "VOC2012").resolve()) in str(info.value)
+    assert "data.download=true" in str(info.value)
+
+
+def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
+    for split, city in (("train", "aachen"), ("val", "lindau")):
+        stem = f"{city}_000000_000019"
+        _png(tmp_path / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", (32, 16), 50)
+        ids = np.zeros((16, 32), dtype=np.uint8)  # 0 = unlabeled -> ignore
+        ids[:, 8:16] = 7  # road -> 0
+        ids[:, 16:24] = 26  # car -> 13
+        ids[:, 24:] = 33  # bicycle -> 18
+        gt = tmp_path / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
+        gt.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(ids).save(gt)
+    cfg = DataConfig(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
+    bundle = build_datasets(cfg, seed=0)
+    assert bundle.num_classes == 19 and bundle.class_names[0] == "road" and bundle.class_names[18] == "bicycle"
+    x, m, idx = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
+    assert x.shape == (1, 3, 16, 32)
+    row = m[0, 0]
+    assert row[:8].eq(255).all() and row[8:16].eq(0).all() and row[16:24].eq(13).all() and row[24:].eq(18).all()
+
+
+def test_cityscapes_missing_says_where(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        build_datasets(DataConfig(name="cityscapes", root=str(tmp_path)), seed=0)
+    msg = str(info.value)
+    assert str((tmp_path / "leftImg8bit" / "train").resolve()) in msg and "gtFine" in msg

@@ -1,0 +1,109 @@
+"""Loaders: augmentation from (seed, epoch, index) only, so batches do not depend on world size or workers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader, set_loader_epoch
+
+
+def _cfg(**kw: object) -> DataConfig:
+    base = dict(name="shapes", train_size=48, val_size=23, num_classes=4, batch_size=4, eval_batch_size=5)
+    base.update(kw)
+    return DataConfig(**base)  # type: ignore[arg-type]
+
+
+def _epoch_batches(loader: torch.utils.data.DataLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    set_loader_epoch(loader, epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_world_size_does_not_change_the_global_batches() -> None:
+    cfg1 = _cfg(batch_size=6)
+    bundle = build_datasets(cfg1, seed=11)
+    ref = _epoch_batches(build_train_loader(bundle.train, cfg1, 0, 1, seed=11), epoch=2)
+    for world_size in (2, 3):
+        cfg = _cfg(batch_size=6 // world_size)
+        per_rank = [_epoch_batches(build_train_loader(bundle.train, cfg, r, world_size, seed=11), epoch=2)
+                    for r in range(world_size)]
+        for k, (x_ref, y_ref) in enumerate(ref):
+            x = torch.cat([p[k][0] for p in per_rank])
+            y = torch.cat([p[k][1] for p in per_rank])
+            assert torch.equal(x, x_ref) and torch.equal(y, y_ref), (world_size, k)
+
+
+def test_num_workers_does_not_change_the_batches() -> None:
+    bundle = build_datasets(_cfg(), seed=3)
+    ref = _epoch_batches(build_train_loader(bundle.train, _cfg(), 0, 1, seed=3), epoch=1)
+    with_workers = build_train_loader(bundle.train, _cfg(num_workers=2), 0, 1, seed=3)
+    got = _epoch_batches(with_workers, epoch=1)
+    assert len(got) == len(ref)
+    for (x, y), (xr, yr) in zip(got, ref):
+        assert torch.equal(x, xr) and torch.equal(y, yr)
+    # The epoch reaches already-forked persistent workers through the sampled (epoch, index) pairs.
+    persistent = build_train_loader(bundle.train, _cfg(num_workers=2, persistent_workers=True), 0, 1, seed=3)
+    _epoch_batches(persistent, epoch=0)
+    again = _epoch_batches(persistent, epoch=1)
+    assert all(torch.equal(x, xr) for (x, _), (xr, _) in zip(again, ref))
+
+
+def test_augmentation_varies_over_epochs_and_samples_but_not_reruns() -> None:
+    bundle = build_datasets(_cfg(), seed=0)
+    ds = bundle.train
+    a = ds[(0, 5)][0]
+    assert torch.equal(a, ds[(0, 5)][0])
+    ds.set_epoch(0)
+    assert torch.equal(a, ds[5][0])
+    changed = sum(not torch.equal(ds[(e, 5)][0], a) for e in range(1, 9))
+    assert changed >= 6, "random crop + flip leave an image unchanged only rarely (1/81 x 1/2 per epoch)"
+    # The caller's global RNG is left as it was.
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    ds[(1, 1)]
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_eval_loader_yields_indices_in_dataset_order() -> None:
+    cfg = _cfg()
+    bundle = build_datasets(cfg, seed=0)
+    seen = []
+    for world_size in (1, 2, 3):
+        indices, labels = [], []
+        for r in range(world_size):
+            for x, y, idx in build_eval_loader(bundle.val, cfg, r, world_size):
+                assert x.shape[1:] == (3, 32, 32) and idx.dtype == torch.int64
+                indices += idx.tolist()
+                labels += y.tolist()
+        assert indices == list(range(23))
+        seen.append(labels)
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_segmentation_samples_and_variable_size_eval() -> None:
+    cfg = DataConfig(name="shapes_seg", train_size=8, val_size=5, image_size=40, crop_size=32, base_size=40,
+                     num_classes=4, batch_size=4, eval_batch_size=8, variable_val_size=True)
+    bundle = build_datasets(cfg, seed=0)
+    assert bundle.task == "segmentation" and bundle.num_classes == 4 and bundle.ignore_index == 255
+    assert bundle.class_names[0] == "background"
+    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
+    assert m.shape == (4, 32, 32) and m.dtype == torch.int64
+    assert set(m.unique().tolist()) <= {0, 1, 2, 3, 255}
+    sizes = []
+    for x, m, idx in build_eval_loader(bundle.val, cfg, 0, 1):
+        assert x.shape[0] == 1 and x.shape[2:] == m.shape[1:]
+        assert 255 not in m.unique().tolist(), "evaluation at the image's own size: nothing is padded"
+        sizes.append(tuple(m.shape[1:]))
+    assert len(set(sizes)) > 1
+
+
+def test_padding_of_segmentation_crops_uses_ignore_index() -> None:
+    cfg = DataConfig(name="shapes_seg", train_size=16, val_size=2, image_size=32, crop_size=48, base_size=32,
+                     scale_min=1.0, scale_max=1.0, num_classes=3, batch_size=2, hflip=False)
+    bundle = build_datasets(cfg, seed=0)
+    x, m = bundle.train[(0, 0)]
+    pad = m == 255
+    assert pad.float().mean().item() == pytest.approx(1 - (32 * 32) / (48 * 48))
+    # Padded image pixels are 0 before normalisation, i.e. -mean/std after it.
+    assert torch.allclose(x[:, pad], torch.full_like(x[:, pad], -0.5 / 0.25))
