@@ -1,0 +1,17 @@
+"""Evaluate a checkpoint: `python evaluate.py ckpt=PATH [out=metrics.json] [export=DIR] [ema=true] [data.root=...]`,
+or the same under `torchrun --nproc_per_node=W` (the metrics do not depend on W)."""
+import hydra
+from omegaconf import DictConfig
+
+import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
+from src.engine.evaluate_run import run
+
+
+@hydra.main(config_path="conf", config_name="evaluate", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: everything else happens in src.engine.evaluate_run.run."""
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

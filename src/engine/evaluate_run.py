@@ -1,0 +1,151 @@
+"""`evaluate.py ckpt=PATH`: evaluate a checkpoint with the config stored in it, alone or under torchrun.
+
+Steps: load the checkpoint (weights_only=True), take its resolved training config, apply the command
+line's overrides (the non-null keys of the `data`, `model`, `norm`, `trainer` and `device` sections of
+conf/evaluate.yaml), validate it like train.py does, start the process group if torchrun launched us,
+rebuild data and model, load the weights (EMA weights with ema=true), evaluate exactly, print a table
+and write JSON on rank 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from src import dist
+from src.engine.evaluator import evaluate
+
+# Keys of conf/evaluate.yaml that belong to evaluate.py itself; every other section overrides the
+# training config stored in the checkpoint.
+OWN_KEYS = ("ckpt", "out", "export", "ema", "hydra")
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Evaluate cfg.ckpt; returns the metrics (the same on every rank)."""
+    from src.config import task_of, validate_config
+    from src.engine.checkpoint import load_checkpoint
+
+    ckpt_path = checkpoint_path(cfg)
+    ckpt = load_checkpoint(ckpt_path, map_location="cpu")
+    if not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
+        raise ValueError(f"{ckpt_path} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
+                         "pass a file from <run dir>/checkpoints/")
+    train_cfg = validate_config(training_config(ckpt["config"], cfg))
+    weights, weights_name = select_weights(ckpt, bool(cfg.ema), ckpt_path)
+
+    device = dist.select_device(train_cfg.device)
+    owns_group = not dist.is_initialized()
+    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
+    try:
+        # As in training: 0 means this node's cores shared among its processes (no oversubscription).
+        threads = train_cfg.trainer.num_threads or max(1, (os.cpu_count() or 1) // dist.get_local_world_size())
+        torch.set_num_threads(threads)
+        metrics = _evaluate(train_cfg, task_of(train_cfg), weights, device, cfg.export)
+        if dist.is_main_process():
+            record = {"split": "val", "epoch": trained_epoch(ckpt), "step": ckpt.get("step"), **metrics,
+                      "checkpoint": str(ckpt_path), "weights": weights_name,
+                      "world_size": dist.get_world_size()}
+            print(metrics_table(record, metrics), flush=True)
+            if cfg.out:
+                out = Path(str(cfg.out))
+                out.parent.mkdir(parents=True, exist_ok=True)
+                # NaN (absent classes) is written as the JSON extension NaN, as json.dumps does by default.
+                out.write_text(json.dumps(record, indent=2) + "\n")
+                print(f"metrics written to {out}", flush=True)
+        dist.barrier()
+        return metrics
+    finally:
+        if owns_group:
+            dist.destroy()
+
+
+def trained_epoch(ckpt: dict[str, Any]) -> int | None:
+    """The epoch the checkpoint's last optimizer step belongs to: what metrics.jsonl's val row calls `epoch`.
+
+    An end-of-epoch checkpoint stores the epoch to run next (micro-batch 0), a mid-epoch one the current.
+    """
+    epoch = ckpt.get("epoch")
+    if epoch is None:
+        return None
+    at_epoch_start = (ckpt.get("sampler") or {}).get("micro_batch", 0) == 0
+    return int(epoch) - 1 if at_epoch_start and int(epoch) > 0 else int(epoch)
+
+
+def checkpoint_path(cfg: DictConfig) -> Path:
+    """cfg.ckpt as an existing file, or an error that says how to pass one."""
+    ckpt = cfg.get("ckpt")
+    if not ckpt:
+        raise ValueError("ckpt is required: python evaluate.py ckpt=<run dir>/checkpoints/last.pt "
+                         "[out=metrics.json] [export=DIR] [ema=true] [data.root=...]")
+    path = Path(str(ckpt)).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt={ckpt}: no such file; checkpoints are written to "
+                                "<run dir>/checkpoints/ (last.pt and best_*.pt)")
+    return path
+
+
+def training_config(stored: dict[str, Any], cfg: DictConfig) -> DictConfig:
+    """The checkpoint's training config with the command line's overrides applied."""
+    base = OmegaConf.create({k: v for k, v in stored.items() if k != "hydra"})
+    # The checkpoint already holds every weight: do not look for the (possibly absent) init files.
+    base.model.weights = None
+    base.model.backbone_weights = None
+    overrides = overrides_of(cfg)
+    return OmegaConf.merge(base, overrides) if overrides else base
+
+
+def overrides_of(cfg: DictConfig) -> dict[str, Any]:
+    """The non-null leaves of the override sections of evaluate.yaml, as a nested dict."""
+    def prune(node: Any) -> Any:
+        if isinstance(node, dict):
+            kept = {k: prune(v) for k, v in node.items()}
+            return {k: v for k, v in kept.items() if v is not None and v != {}}
+        return node
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return prune({k: v for k, v in plain.items() if k not in OWN_KEYS})
+
+
+def select_weights(ckpt: dict[str, Any], ema: bool, path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The model state_dict to evaluate: the trained weights, or their EMA with ema=true."""
+    if not ema:
+        return ckpt["model"], "model"
+    state = ckpt.get("ema")
+    if not state:
+        raise ValueError(f"ema=true but {path} holds no EMA weights (it was trained with trainer.ema=false); "
+                         "drop ema=true to evaluate the trained weights")
+    # torch.optim.swa_utils.AveragedModel keys its copy as "module.<name>" and adds "n_averaged".
+    return {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}, "ema"
+
+
+def _evaluate(train_cfg: DictConfig, task: str, weights: dict[str, torch.Tensor], device: torch.device,
+              export: Any) -> dict[str, float]:
+    from src.data import build_datasets, build_eval_loader
+    from src.models import build_model
+
+    bundle = build_datasets(train_cfg.data, seed=train_cfg.seed)  # downloads once per node (zero_first inside)
+    loader = build_eval_loader(bundle.val, train_cfg.data, dist.get_rank(), dist.get_world_size())
+    model = build_model(train_cfg.model, train_cfg.norm, bundle.num_classes)
+    model.load_state_dict(weights, strict=True)
+    model.to(device)
+    if train_cfg.trainer.channels_last:
+        model.to(memory_format=torch.channels_last)
+    return evaluate(model, loader, task, bundle.num_classes, device, amp=train_cfg.trainer.amp,
+                    ignore_index=bundle.ignore_index, export=export, class_names=list(bundle.class_names))
+
+
+def metrics_table(record: dict[str, Any], metrics: dict[str, float]) -> str:
+    """A plain-text table of the metrics, with what was evaluated in the header."""
+    head = (f"checkpoint {record['checkpoint']} (epoch {record['epoch']}, step {record['step']}, "
+            f"{record['weights']} weights) on {record['world_size']} process(es)")
+    width = max([len("metric")] + [len(k) for k in metrics])
+    lines = [head, f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
+    for key, value in metrics.items():
+        text = "n/a (class absent)" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
+        lines.append(f"{key:<{width}}  {text}")
+    return "\n".join(lines)

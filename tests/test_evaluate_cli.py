@@ -1,0 +1,157 @@
+"""`evaluate.py` end to end: it reproduces the validation metrics the trainer logged for the same checkpoint,
+alone and under torchrun, for classification and segmentation, and exports complete, ordered predictions.
+
+Real subprocesses (`python train.py`, `torchrun ... evaluate.py`), tiny sizes, one CPU thread each.
+Equality is exact: evaluation is a deterministic function of (weights, config) and does not depend on
+the world size (tests/engine/test_evaluator.py shows why), so any difference is a bug.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+from src.engine.evaluate_run import overrides_of, run, select_weights
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+TIMEOUT_S = 300
+
+CLS_OVERRIDES = [
+    "model=resnet20", "norm=bn", "data=shapes", "data.train_size=64", "data.val_size=37", "data.batch_size=16",
+    "data.eval_batch_size=8", "trainer.epochs=1", "trainer.ema=true", "trainer.ema_decay=0.5",
+]
+SEG_OVERRIDES = [
+    "model=deeplabv3_resnet18", "model.output_stride=16", "model.head_channels=32", "norm=syncbn",
+    "data=shapes_seg", "data.train_size=16", "data.val_size=13", "data.image_size=32", "data.crop_size=32",
+    "data.base_size=32", "data.batch_size=4", "data.variable_val_size=true", "optim.lr=0.01",
+    "sched=poly", "trainer.epochs=1", "trainer.max_steps=2",
+]
+QUIET = ["trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.num_threads=1"]
+
+
+def run_cmd(args: list[str]) -> str:
+    """Run a command from the repository root; fail the test with its output when it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(args)} failed ({proc.returncode}):\n{output[-5000:]}"
+    return output
+
+
+def torchrun(nproc: int, script: str, *args: str) -> str:
+    return run_cmd([TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args])
+
+
+def last_val_row(run_dir: Path) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    val = [r for r in rows if r["split"] == "val"]
+    assert val, f"no val row in {run_dir / 'metrics.jsonl'}"
+    return val[-1]
+
+
+def assert_reproduces(evaluated: dict, logged: dict, prefix: str = "") -> None:
+    """Every metric of the evaluation equals the trainer's (NaN == NaN for absent classes)."""
+    for key, value in evaluated.items():
+        if key in ("split", "epoch", "step", "checkpoint", "weights", "world_size"):
+            continue
+        expected = logged[prefix + key]
+        assert (math.isnan(value) and math.isnan(expected)) or value == expected, (key, value, expected)
+    assert evaluated["step"] == logged["step"] and evaluated["epoch"] == logged["epoch"]
+
+
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("cls_run")
+    run_cmd([sys.executable, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}"])
+    return run_dir
+
+
+def test_evaluate_reproduces_logged_classification_metrics(cls_run: Path, tmp_path: Path) -> None:
+    ckpt = cls_run / "checkpoints" / "last.pt"
+    logged = last_val_row(cls_run)
+    out = run_cmd([sys.executable, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'one.json'}",
+                   f"export={tmp_path / 'one'}"])
+    assert "top1" in out and "metric" in out  # the table
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert one["world_size"] == 1 and one["weights"] == "model"
+    assert set(one) >= {"loss", "top1", "top5"}
+    assert_reproduces(one, logged)
+
+    torchrun(2, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'two.json'}", f"export={tmp_path / 'two'}")
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two["world_size"] == 2
+    assert_reproduces(two, logged)
+    preds_one, preds_two = np.load(tmp_path / "one" / "predictions.npy"), np.load(tmp_path / "two" / "predictions.npy")
+    assert preds_one.shape == (37,)
+    np.testing.assert_array_equal(preds_one, preds_two)
+    rows = (tmp_path / "two" / "predictions.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(37))
+
+
+def test_evaluate_ema_weights_reproduce_logged_ema_metrics(cls_run: Path, tmp_path: Path) -> None:
+    logged = last_val_row(cls_run)
+    run_cmd([sys.executable, "evaluate.py", f"ckpt={cls_run / 'checkpoints' / 'last.pt'}", "ema=true",
+             f"out={tmp_path / 'ema.json'}"])
+    ema = json.loads((tmp_path / "ema.json").read_text())
+    assert ema["weights"] == "ema"
+    assert_reproduces(ema, logged, prefix="ema_")
+    assert ema["top1"] != logged["top1"] or ema["loss"] != logged["loss"]  # really other weights
+
+
+@pytest.mark.slow
+def test_tiny_deeplab_trained_on_two_processes_and_evaluated(tmp_path: Path) -> None:
+    """torchrun 2-process DeepLab (SyncBN) training on shapes_seg, then evaluate.py alone and on 2 processes."""
+    run_dir = tmp_path / "seg_run"
+    torchrun(2, "train.py", *SEG_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}")
+    logged = last_val_row(run_dir)
+    assert logged["step"] == 2 and 0 <= logged["miou"] <= 1
+    ckpt = run_dir / "checkpoints" / "last.pt"
+
+    run_cmd([sys.executable, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'one.json'}"])
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert {"miou", "pixel_acc", "loss"} <= set(one) and any(k.startswith("iou_") for k in one)
+    assert_reproduces(one, logged)
+
+    torchrun(2, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'two.json'}", f"export={tmp_path / 'masks'}")
+    assert_reproduces(json.loads((tmp_path / "two.json").read_text()), logged)
+    files = sorted(p.name for p in (tmp_path / "masks").iterdir())
+    assert files == [f"{i:06d}.png" for i in range(13)]
+    sizes = {Image.open(tmp_path / "masks" / f).size for f in files}
+    assert len(sizes) > 1  # variable_val_size: each image evaluated (and exported) at its own size
+    assert all(np.array(Image.open(tmp_path / "masks" / f)).max() < 5 for f in files)
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+        return compose("evaluate", overrides=list(overrides))
+
+
+def test_missing_or_absent_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="ckpt is required: python evaluate.py ckpt="):
+        run(_compose())
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        run(_compose(f"ckpt={tmp_path / 'nope.pt'}"))
+
+
+def test_command_line_overrides_reach_the_training_config() -> None:
+    cfg = _compose("ckpt=x.pt", "data.root=/datasets", "data.eval_batch_size=4", "trainer.amp=bf16",
+                   "+data.val_size=50")
+    assert overrides_of(cfg) == {"data": {"root": "/datasets", "eval_batch_size": 4, "val_size": 50},
+                                 "trainer": {"amp": "bf16"}}
+    assert overrides_of(_compose("ckpt=x.pt")) == {}
+
+
+def test_ema_requested_without_ema_weights_is_an_error() -> None:
+    with pytest.raises(ValueError, match="holds no EMA weights"):
+        select_weights({"model": {}, "ema": None}, True, Path("x.pt"))
+    state, name = select_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, Path("x.pt"))
+    assert state == {"w": 1} and name == "ema"
