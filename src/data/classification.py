@@ -15,7 +15,7 @@ Splits = tuple[Dataset, Dataset, list[str]]
 
 def build_shapes(cfg: DataConfig) -> Splits:
     """The embedded classification set: one dominant shape per image, label = its kind."""
-    k = cfg.num_classes or shapes.MAX_CLASSES
+    k = cfg.num_classes or shapes.DEFAULT_CLASSIFICATION_KINDS
     common = dict(image_size=cfg.image_size, num_classes=k, noise_std=cfg.noise_std, cache=cfg.cache)
     train = ShapesClassification(cfg.generator_seed, "train", cfg.train_size, **common)
     val = ShapesClassification(cfg.generator_seed, "val", cfg.val_size, **common)

@@ -49,7 +49,7 @@ class _TensorPairs(Dataset):
 
 def build_shapes_seg(cfg: DataConfig) -> SegSplits:
     """Several shapes per image; data.num_classes counts the background (so kinds = num_classes - 1)."""
-    kinds = (cfg.num_classes or shapes.MAX_CLASSES + 1) - 1
+    kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
     common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
                   max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache)
     train = ShapesSegmentation(cfg.generator_seed, "train", cfg.train_size, **common)
