@@ -155,3 +155,13 @@ def test_ema_requested_without_ema_weights_is_an_error() -> None:
         select_weights({"model": {}, "ema": None}, True, Path("x.pt"))
     state, name = select_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, Path("x.pt"))
     assert state == {"w": 1} and name == "ema"
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")
+                                              if "seg" in p.stem or p.stem.startswith(("voc", "cityscapes"))))
+def test_segmentation_recipes_compose_and_validate(experiment: str) -> None:
+    from src.config import task_of, validate_config
+
+    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+        cfg = validate_config(compose("train", overrides=[f"experiment={experiment}"]))
+    assert task_of(cfg) == "segmentation" and cfg.sched.name == "poly" and cfg.norm.name == "syncbn"
