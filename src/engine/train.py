@@ -4,6 +4,7 @@ Read top to bottom, `run` is the whole recipe; each step is a call into a module
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -165,10 +166,13 @@ def _wrap_ddp(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Mod
     """DDP around the (already norm-converted) model when there is more than one process."""
     if dist.get_world_size() == 1:
         return model
+    # PyTorch >= 2.14 renamed broadcast_buffers to forward_sync_buffers (buffers are still synced at init).
+    sync_key = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                else "broadcast_buffers")
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.trainer.ddp_bucket_cap_mb, gradient_as_bucket_view=cfg.trainer.gradient_as_bucket_view,
-        broadcast_buffers=cfg.trainer.broadcast_buffers)
+        **{sync_key: cfg.trainer.broadcast_buffers})
 
 
 def _set_epoch(loader: Any, dataset: Any, epoch: int, start: int) -> None:

@@ -1,0 +1,115 @@
+"""Every config group option composes with Hydra's compose API and validates; bad configs fail with the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import src.config  # noqa: F401  (registers train_schema)
+from src.config import validate_config
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+SEGMENTATION_DATA = {"shapes_seg", "voc", "cityscapes"}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("train", overrides=overrides)
+
+
+def _companions(group: str, option: str) -> list[str]:
+    """Overrides that make `group=option` a coherent job (segmentation models need segmentation data)."""
+    if group == "model" and option.startswith("deeplab"):
+        return ["data=shapes_seg"]
+    if group == "data" and option in SEGMENTATION_DATA:
+        return ["model=deeplabv3_resnet18"]
+    return []
+
+
+CASES = [(g, o) for g in ("model", "norm", "data", "optim", "sched", "trainer") for o in _options(g)]
+
+
+@pytest.mark.parametrize("group,option", CASES, ids=[f"{g}={o}" for g, o in CASES])
+def test_every_group_option_composes_and_validates(group: str, option: str) -> None:
+    cfg = _compose([f"{group}={option}", *_companions(group, option)])
+    if group == "norm" and option == "torch_syncbn" and not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch_syncbn"):
+            validate_config(cfg)
+        return
+    checked = validate_config(cfg)
+    assert OmegaConf.select(checked, f"{group}.name" if group != "trainer" else "trainer.epochs") is not None
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_composes_and_validates(experiment: str) -> None:
+    cfg = validate_config(_compose([f"experiment={experiment}"]))
+    assert cfg.trainer.epochs >= 1
+
+
+def test_default_job_is_resnet20_syncbn_on_shapes() -> None:
+    cfg = validate_config(_compose([]))
+    assert (cfg.model.name, cfg.norm.name, cfg.data.name, cfg.optim.name, cfg.sched.name) == (
+        "resnet20", "syncbn", "shapes", "sgd", "cosine")
+    assert cfg.sched.warmup_epochs > 0
+
+
+def test_imagenet_recipe_is_torchvision_resnet50_v1() -> None:
+    cfg = validate_config(_compose(["experiment=imagenet_resnet50"]))
+    assert cfg.model.name == "resnet50" and cfg.data.name == "imagefolder"
+    assert (cfg.optim.lr, cfg.optim.reference_batch_size, cfg.optim.momentum, cfg.optim.weight_decay) == (
+        0.1, 256, 0.9, 1e-4)
+    assert (cfg.trainer.epochs, cfg.sched.name, cfg.sched.step_epochs, cfg.sched.gamma) == (90, "step", 30, 0.1)
+
+
+def test_unknown_key_is_rejected_at_composition_naming_it() -> None:
+    with pytest.raises(ConfigCompositionException, match="epochz"):
+        _compose(["trainer.epochz=3"])
+
+
+def test_unknown_key_in_a_plain_dict_is_rejected_naming_it() -> None:
+    raw = OmegaConf.to_container(_compose([]), resolve=True)
+    raw["trainer"]["grad_acum_steps"] = 2
+    with pytest.raises(ValueError, match="grad_acum_steps"):
+        validate_config(raw)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.grad_accum_steps=0", "trainer.grad_accum_steps"),
+    ("trainer.amp=fp8", "trainer.amp"),
+    ("trainer.max_steps=-5", "trainer.max_steps"),
+    ("optim.lr=0", "optim.lr"),
+    ("optim.name=lion", "optim.name"),
+    ("sched.name=linear", "sched.name"),
+    ("sched.milestones=[30,10]", "sched.milestones"),
+    ("trainer.norm_buffer_sync=gather", "trainer.norm_buffer_sync"),
+    ("data.batch_size=0", "data.batch_size"),
+    ("norm.name=layernorm", "norm.name"),
+    ("device=tpu", "device"),
+    ("trainer.best_metric=miou", "trainer.best_metric"),
+])
+def test_bad_value_names_the_key(override: str, key: str) -> None:
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate_config(_compose([override]))
+
+
+def test_wrong_type_names_the_key() -> None:
+    with pytest.raises((ConfigCompositionException, ValueError), match="epochs"):
+        validate_config(_compose(["trainer.epochs=ten"]))
+
+
+def test_segmentation_model_with_classification_data_is_refused() -> None:
+    with pytest.raises(ValueError, match="model.name=deeplabv3_resnet18.*data.name=shapes"):
+        validate_config(_compose(["model=deeplabv3_resnet18"]))
+
+
+def test_mixup_on_segmentation_is_refused() -> None:
+    with pytest.raises(ValueError, match="mixup_alpha"):
+        validate_config(_compose(["model=deeplabv3_resnet18", "data=shapes_seg", "trainer.mixup_alpha=0.2"]))
