@@ -1,0 +1,172 @@
+// batch_norm_backward_elemt: dx = weight * invstd * (dy - sum_dy / n - xhat * sum_dy_xhat / n) in one read
+// of x and dy and one write of dx. The global count n is read from the 0-d float64 device tensor that
+// batch_norm_gather_stats produced, so the backward never waits on the host either.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "launch.cuh"
+#include "syncbn_cuda.cuh"
+
+namespace syncbn::cuda {
+namespace detail {
+namespace {
+
+template <typename T, typename P, typename acc_t>
+struct BackwardArgs {
+  const T* __restrict__ dy;
+  const T* __restrict__ x;
+  T* __restrict__ dx;
+  const acc_t* __restrict__ mean;
+  const acc_t* __restrict__ invstd;
+  const P* __restrict__ weight;    // nullptr: 1
+  const acc_t* __restrict__ reduced;  // [sum_dy(C), sum_dy_xhat(C)], all-reduced
+  const double* __restrict__ count;   // 0-d, global count per channel
+};
+
+// Per-channel coefficients: dx = a * (dy - mdy - (x - mu) * k). A zero global count (every rank empty)
+// gives dx = 0, as the contract says, without dividing by it.
+template <typename T, typename P, typename acc_t>
+__device__ __forceinline__ void channel_coefficients(const BackwardArgs<T, P, acc_t>& p, int64_t C, int64_t c,
+                                                     acc_t inv_n, acc_t& mu, acc_t& a, acc_t& mdy, acc_t& k) {
+  const acc_t is = p.invstd[c];
+  mu = p.mean[c];
+  a = inv_n > acc_t(0) ? is * (p.weight != nullptr ? acc_t(p.weight[c]) : acc_t(1)) : acc_t(0);
+  mdy = p.reduced[c] * inv_n;
+  k = p.reduced[C + c] * inv_n * is;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t inverse_count(const double* count) {
+  const double n = *count;
+  return n > 0.0 ? acc_t(1.0 / n) : acc_t(0);
+}
+
+template <typename T, typename P, int VEC>
+__global__ void __launch_bounds__(kThreads) backward_elemt_channels_first_kernel(
+    BackwardArgs<T, P, at::opmath_type<T>> p, int64_t N, int64_t C, int64_t S, int splits) {
+  using acc_t = at::opmath_type<T>;
+  const int bx = blockDim.x;
+  const int64_t c = blockIdx.x;
+  const int64_t sv = S / VEC;
+  acc_t mu, a, mdy, k;
+  channel_coefficients(p, C, c, inverse_count<acc_t>(p.count), mu, a, mdy, k);
+  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+    const int64_t plane = (n * C + c) * S;
+    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+      Vec<T, VEC> g[kUnroll], v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (s + u * bx < sv) {
+          g[u] = load_vec<T, VEC>(p.dy + plane + (s + u * bx) * VEC);
+          v[u] = load_vec<T, VEC>(p.x + plane + (s + u * bx) * VEC);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (s + u * bx < sv) {
+          Vec<T, VEC> o;
+#pragma unroll
+          for (int i = 0; i < VEC; ++i)
+            o.val[i] = T(a * (acc_t(g[u].val[i]) - mdy - (acc_t(v[u].val[i]) - mu) * k));
+          store_vec<T, VEC>(p.dx + plane + (s + u * bx) * VEC, o);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename P, int VEC>
+__global__ void __launch_bounds__(kThreads) backward_elemt_channels_last_kernel(
+    BackwardArgs<T, P, at::opmath_type<T>> p, int64_t M, int64_t C, int splits) {
+  using acc_t = at::opmath_type<T>;
+  const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (c0 >= C) return;  // no barrier in this kernel
+  const acc_t inv_n = inverse_count<acc_t>(p.count);
+  acc_t mu[VEC], a[VEC], mdy[VEC], k[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) channel_coefficients(p, C, c0 + i, inv_n, mu[i], a[i], mdy[i], k[i]);
+  const int64_t stride = int64_t(splits) * blockDim.y;
+  for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += kUnroll * stride) {
+    Vec<T, VEC> g[kUnroll], v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (m + u * stride < M) {
+        g[u] = load_vec<T, VEC>(p.dy + (m + u * stride) * C + c0);
+        v[u] = load_vec<T, VEC>(p.x + (m + u * stride) * C + c0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (m + u * stride < M) {
+        Vec<T, VEC> o;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          o.val[i] = T(a[i] * (acc_t(g[u].val[i]) - mdy[i] - (acc_t(v[u].val[i]) - mu[i]) * k[i]));
+        store_vec<T, VEC>(p.dx + (m + u * stride) * C + c0, o);
+      }
+    }
+  }
+}
+
+template <typename T, typename P, int VEC>
+void launch_backward_elemt(const BackwardArgs<T, P, at::opmath_type<T>>& p, const Layout& l, int device) {
+  const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (l.channels_last)
+    backward_elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.rows(), l.c, geo.splits);
+  else
+    backward_elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.n, l.c, l.s, geo.splits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace detail
+
+at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
+                                     const at::Tensor& mean, const at::Tensor& invstd,
+                                     const std::optional<at::Tensor>& weight,
+                                     const at::Tensor& reduced, const at::Tensor& count) {
+  using namespace detail;
+  constexpr const char* kOp = "batch_norm_backward_elemt";
+  check_input(input, kOp);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = dense_input(input);
+  const Layout l = layout_of(x);
+  const at::Tensor dy = like_layout(grad_out, x, l, "batch_norm_backward_elemt: grad_out");
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "batch_norm_backward_elemt: grad_out must have the input's dtype ",
+              x.scalar_type(), ", got ", dy.scalar_type());
+  at::Tensor dx = at::empty_like(x);  // x is dense, so dx gets exactly x's strides
+  if (x.numel() == 0) return dx;
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_backward_elemt: mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_backward_elemt: invstd");
+  TORCH_CHECK(reduced.defined() && reduced.numel() == 2 * l.c && reduced.device() == x.device(), kOp,
+              ": reduced must be the packed [sum_dy(C), sum_dy_xhat(C)] tensor (", 2 * l.c, " values) on ",
+              x.device(), ", got ", reduced.defined() ? reduced.sizes() : at::IntArrayRef{});
+  const at::Tensor reduced_a = reduced.to(acc).contiguous();
+  TORCH_CHECK(count.defined() && count.numel() == 1 && count.device() == x.device(), kOp,
+              ": count must be the one-element global count on ", x.device(), " (from batch_norm_gather_stats)");
+  const at::Tensor count_d = count.to(at::kDouble).contiguous();
+  const Affine affine = prepare_affine(weight, std::nullopt, x, acc, kOp);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_backward_elemt_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    dispatch_param_type<scalar_t, acc_t>(affine.native, [&](auto tag) {
+      using P = typename decltype(tag)::type;
+      const BackwardArgs<scalar_t, P, acc_t> p{dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                                               dx.data_ptr<scalar_t>(), mean_a.const_data_ptr<acc_t>(),
+                                               invstd_a.const_data_ptr<acc_t>(), ptr_or_null<P>(affine.weight),
+                                               reduced_a.const_data_ptr<acc_t>(), count_d.const_data_ptr<double>()};
+      constexpr int kVec = kVecBytes / sizeof(scalar_t);
+      if (can_vectorize(l, kVec, {p.dy, p.x, p.dx}))
+        launch_backward_elemt<scalar_t, P, kVec>(p, l, x.get_device());
+      else
+        launch_backward_elemt<scalar_t, P, 1>(p, l, x.get_device());
+    });
+  });
+  return dx;
+}
+
+}  // namespace syncbn::cuda

@@ -1,0 +1,198 @@
+// batch_norm_backward_reduce: per-channel sum(dy) and sum(dy * xhat) in one read of x and dy, packed as
+// [sum_dy(C), sum_dy_xhat(C)] in the accumulation type for a single all_reduce. Threads accumulate in
+// fp32 (fp64 for fp64 input), blocks reduce with warp shuffles then shared memory, and channels split
+// across blocks are summed in float64 by a second tiny kernel (deterministic: no atomics).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "launch.cuh"
+#include "syncbn_cuda.cuh"
+
+namespace syncbn::cuda {
+namespace detail {
+namespace {
+
+template <typename T>
+struct ReduceArgs {
+  const T* __restrict__ dy;
+  const T* __restrict__ x;
+  const at::opmath_type<T>* __restrict__ mean;
+  const at::opmath_type<T>* __restrict__ invstd;
+  at::opmath_type<T>* __restrict__ out;  // [2C]
+  double* __restrict__ partial;          // [2][C][splits] when splits > 1
+};
+
+// sum(dy * xhat) = invstd * sum(dy * (x - mean)): the kernels sum dy * (x - mean) and scale once.
+template <typename T>
+__device__ __forceinline__ void store_channel(const ReduceArgs<T>& a, int64_t C, int splits, int64_t c, int64_t g,
+                                              at::opmath_type<T> sum_dy, at::opmath_type<T> sum_dy_xmu) {
+  if (splits == 1) {
+    a.out[c] = sum_dy;
+    a.out[C + c] = sum_dy_xmu * a.invstd[c];
+  } else {
+    a.partial[c * splits + g] = double(sum_dy);
+    a.partial[(C + c) * splits + g] = double(sum_dy_xmu);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    backward_reduce_channels_first_kernel(ReduceArgs<T> a, int64_t N, int64_t C, int64_t S, int splits) {
+  using acc_t = at::opmath_type<T>;
+  const int bx = blockDim.x;
+  const int64_t c = blockIdx.x;
+  const int64_t sv = S / VEC;
+  const acc_t mu = a.mean[c];
+  SumPair<acc_t, 1> st;
+  st.reset();
+  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+    const int64_t plane = (n * C + c) * S;
+    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+      Vec<T, VEC> g[kUnroll], v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (s + u * bx < sv) {
+          g[u] = load_vec<T, VEC>(a.dy + plane + (s + u * bx) * VEC);
+          v[u] = load_vec<T, VEC>(a.x + plane + (s + u * bx) * VEC);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (s + u * bx < sv) {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const acc_t dy = acc_t(g[u].val[i]);
+            st.a[0] += dy;
+            st.b[0] += dy * (acc_t(v[u].val[i]) - mu);
+          }
+        }
+      }
+    }
+  }
+  st = block_reduce(st, 1);
+  if (threadIdx.x == 0 && threadIdx.y == 0) store_channel(a, C, splits, c, blockIdx.y, st.a[0], st.b[0]);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    backward_reduce_channels_last_kernel(ReduceArgs<T> a, int64_t M, int64_t C, int splits) {
+  using acc_t = at::opmath_type<T>;
+  const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  const bool active = c0 < C;
+  const int64_t stride = int64_t(splits) * blockDim.y;
+  SumPair<acc_t, VEC> st;
+  st.reset();
+  if (active) {
+    acc_t mu[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) mu[i] = a.mean[c0 + i];
+    for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += kUnroll * stride) {
+      Vec<T, VEC> g[kUnroll], v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (m + u * stride < M) {
+          g[u] = load_vec<T, VEC>(a.dy + (m + u * stride) * C + c0);
+          v[u] = load_vec<T, VEC>(a.x + (m + u * stride) * C + c0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (m + u * stride < M) {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const acc_t dy = acc_t(g[u].val[i]);
+            st.a[i] += dy;
+            st.b[i] += dy * (acc_t(v[u].val[i]) - mu[i]);
+          }
+        }
+      }
+    }
+  }
+  // Inactive threads (channels past C) still join the reduction: it has a barrier.
+  st = block_reduce(st, blockDim.x);
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) store_channel(a, C, splits, c0 + i, blockIdx.y, st.a[i], st.b[i]);
+  }
+}
+
+// One warp per channel sums the `splits` float64 partials.
+template <typename acc_t>
+__global__ void backward_reduce_finalize_kernel(const double* __restrict__ partial, int64_t C, int splits,
+                                                const acc_t* __restrict__ invstd, acc_t* __restrict__ out) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (c >= C) return;  // the whole warp shares c
+  SumPair<double, 1> st;
+  st.reset();
+  for (int g = threadIdx.x; g < splits; g += 32) {
+    st.a[0] += partial[c * splits + g];
+    st.b[0] += partial[(C + c) * splits + g];
+  }
+  for (int off = 1; off < 32; off <<= 1) st.merge(st.shfl_xor(off));
+  if (threadIdx.x == 0) {
+    out[c] = acc_t(st.a[0]);
+    out[C + c] = acc_t(st.b[0] * double(invstd[c]));
+  }
+}
+
+template <typename T, int VEC>
+void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, const at::Tensor& like) {
+  using acc_t = at::opmath_type<T>;
+  const Geometry geo = geometry(l, VEC, resident_blocks(device));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor partial;
+  if (geo.splits > 1) {
+    partial = at::empty({2 * l.c * geo.splits}, like.options().dtype(at::kDouble));
+    args.partial = partial.data_ptr<double>();
+  }
+  if (l.channels_last)
+    backward_reduce_channels_last_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
+  else
+    backward_reduce_channels_first_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (geo.splits > 1) {
+    const dim3 block(32, kFinalizeWarps);
+    const dim3 grid(unsigned(ceil_div(l.c, kFinalizeWarps)));
+    backward_reduce_finalize_kernel<acc_t><<<grid, block, 0, stream>>>(args.partial, l.c, geo.splits, args.invstd, args.out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tensor& input,
+                                      const at::Tensor& mean, const at::Tensor& invstd) {
+  using namespace detail;
+  check_input(input, "batch_norm_backward_reduce");
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = dense_input(input);
+  const Layout l = layout_of(x);
+  const at::Tensor dy = like_layout(grad_out, x, l, "batch_norm_backward_reduce: grad_out");
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "batch_norm_backward_reduce: grad_out must have the input's dtype ",
+              x.scalar_type(), ", got ", dy.scalar_type());
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = x.options().dtype(acc).memory_format(at::MemoryFormat::Contiguous);
+  if (x.numel() == 0) return at::zeros({2 * l.c}, opts);
+  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_backward_reduce: mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_backward_reduce: invstd");
+  at::Tensor out = at::empty({2 * l.c}, opts);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_backward_reduce_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const ReduceArgs<scalar_t> args{dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                                    mean_a.const_data_ptr<acc_t>(), invstd_a.const_data_ptr<acc_t>(),
+                                    out.data_ptr<acc_t>(), nullptr};
+    constexpr int kVec = kVecBytes / sizeof(scalar_t);
+    if (can_vectorize(l, kVec, {args.dy, args.x}))
+      launch_backward_reduce<scalar_t, kVec>(args, l, x.get_device(), x);
+    else
+      launch_backward_reduce<scalar_t, 1>(args, l, x.get_device(), x);
+  });
+  return out;
+}
+
+}  // namespace syncbn::cuda

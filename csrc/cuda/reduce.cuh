@@ -1,0 +1,159 @@
+// Device building blocks shared by the SyncBN kernels: aligned vector loads, per-thread Welford and sum
+// states, and the block reduction (warp shuffles, then shared memory across warps).
+#pragma once
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace syncbn::cuda::detail {
+
+// Every streaming kernel runs 256-thread blocks: 8 resident blocks fill an SM's 2048 thread slots and the
+// shared-memory reduction below is sized for it.
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Loads a thread issues before it consumes any of them: keeps enough bytes in flight to saturate HBM.
+constexpr int kUnroll = 4;
+// Bytes per vector access (LDG.128 / STG.128).
+constexpr int kVecBytes = 16;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T val[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, V>*>(p);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
+  *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+// Running (count, mean, M2) of V channels that have seen the same number of values (one thread reads
+// the same rows for all its channels), so the count and the merge weight are shared.
+template <typename acc_t, int V>
+struct Welford {
+  acc_t n;
+  acc_t mean[V];
+  acc_t m2[V];
+
+  __device__ __forceinline__ void reset() {
+    n = acc_t(0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      mean[v] = acc_t(0);
+      m2[v] = acc_t(0);
+    }
+  }
+
+  // Chan et al.: M2 = M2a + M2b + d^2 * na * nb / n. An empty side leaves the other unchanged.
+  __device__ __forceinline__ void merge(const Welford& o) {
+    const acc_t tot = n + o.n;
+    const acc_t w = tot > acc_t(0) ? o.n / tot : acc_t(0);
+    const acc_t cross = n * w;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const acc_t d = o.mean[v] - mean[v];
+      mean[v] += d * w;
+      m2[v] += o.m2[v] + d * d * cross;
+    }
+    n = tot;
+  }
+
+  __device__ __forceinline__ Welford shfl_xor(int lane_mask) const {
+    Welford o;
+    o.n = __shfl_xor_sync(0xffffffffu, n, lane_mask);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      o.mean[v] = __shfl_xor_sync(0xffffffffu, mean[v], lane_mask);
+      o.m2[v] = __shfl_xor_sync(0xffffffffu, m2[v], lane_mask);
+    }
+    return o;
+  }
+};
+
+// Folds K values per channel into the state: exact two-pass mean/M2 of the chunk in registers, then one
+// Chan merge. One division per chunk instead of one per element (Welford's), and the chunk's M2 is
+// computed around its own mean, so a large common offset (|mean| >> std) does not cancel.
+template <int K, typename acc_t, int V>
+__device__ __forceinline__ void welford_chunk(Welford<acc_t, V>& s, const acc_t (&x)[K][V]) {
+  constexpr acc_t inv_k = acc_t(1) / acc_t(K);
+  const acc_t tot = s.n + acc_t(K);
+  const acc_t w = acc_t(K) / tot;
+  const acc_t cross = s.n * w;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    acc_t sum = acc_t(0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) sum += x[k][v];
+    const acc_t cm = sum * inv_k;
+    acc_t cm2 = acc_t(0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const acc_t d = x[k][v] - cm;
+      cm2 += d * d;
+    }
+    const acc_t d = cm - s.mean[v];
+    s.mean[v] += d * w;
+    s.m2[v] += cm2 + d * d * cross;
+  }
+  s.n = tot;
+}
+
+// Two per-channel sums of V channels (the backward's sum(dy) and sum(dy * (x - mean))).
+template <typename acc_t, int V>
+struct SumPair {
+  acc_t a[V];
+  acc_t b[V];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      a[v] = acc_t(0);
+      b[v] = acc_t(0);
+    }
+  }
+
+  __device__ __forceinline__ void merge(const SumPair& o) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      a[v] += o.a[v];
+      b[v] += o.b[v];
+    }
+  }
+
+  __device__ __forceinline__ SumPair shfl_xor(int lane_mask) const {
+    SumPair o;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      o.a[v] = __shfl_xor_sync(0xffffffffu, a[v], lane_mask);
+      o.b[v] = __shfl_xor_sync(0xffffffffu, b[v], lane_mask);
+    }
+    return o;
+  }
+};
+
+// Reduces `s` over the threads of a kThreads block that share the same column tx = tid % group, where
+// `group` is a power of two <= 32 (group = 1 reduces the whole block). Threads are linearised x-fastest,
+// so lanes of one column sit `group` apart in a warp: a butterfly over offsets group..16 merges them,
+// then one thread per column merges the kWarps warp results in a fixed order (deterministic).
+// Every thread of the block must call it (it has a __syncthreads). The result is valid where tid < group.
+template <typename State>
+__device__ __forceinline__ State block_reduce(State s, int group) {
+  for (int off = group; off < 32; off <<= 1) s.merge(s.shfl_xor(off));
+  __shared__ State partial[kWarps][32];
+  const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  if (lane < group) partial[warp][lane] = s;
+  __syncthreads();
+  if (tid < group) {
+    s = partial[0][tid];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) s.merge(partial[w][tid]);
+  }
+  return s;
+}
+
+}  // namespace syncbn::cuda::detail

@@ -1,0 +1,199 @@
+// batch_norm_stats: per-channel count, mean and M2 of x in one read, packed as float64 [count, mean(C),
+// m2(C)] for a single all_gather. Each thread folds chunks of its values into a Welford state (exact
+// two-pass within a chunk, Chan merge across chunks), the block merges its threads (warp shuffles, then
+// shared memory), and when a channel is split across several blocks a second tiny kernel merges the
+// per-block partials in float64.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "launch.cuh"
+#include "syncbn_cuda.cuh"
+
+namespace syncbn::cuda {
+namespace detail {
+namespace {
+
+// Writes one channel's result: straight into `out` when the channel had a single block, else into the
+// float64 partials [3][C][splits] that stats_finalize_kernel merges.
+template <typename acc_t>
+__device__ __forceinline__ void store_stats(double* out, double* partial, int64_t C, int splits, int64_t c,
+                                            int64_t g, acc_t n, acc_t mean, acc_t m2) {
+  if (splits == 1) {
+    out[1 + c] = double(mean);
+    out[1 + C + c] = double(m2);
+  } else {
+    partial[c * splits + g] = double(n);
+    partial[(C + c) * splits + g] = double(mean);
+    partial[(2 * C + c) * splits + g] = double(m2);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    stats_channels_first_kernel(const T* __restrict__ x, int64_t N, int64_t C, int64_t S, int splits,
+                                double* __restrict__ partial, double* __restrict__ out, double count) {
+  using acc_t = at::opmath_type<T>;
+  const int bx = blockDim.x;
+  const int64_t c = blockIdx.x;
+  const int64_t sv = S / VEC;
+  Welford<acc_t, 1> st;
+  st.reset();
+  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+    const T* plane = x + (n * C + c) * S;
+    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+      Vec<T, VEC> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (s + u * bx < sv) v[u] = load_vec<T, VEC>(plane + (s + u * bx) * VEC);
+      if (s + (kUnroll - 1) * bx < sv) {
+        acc_t vals[kUnroll * VEC][1];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) vals[u * VEC + i][0] = acc_t(v[u].val[i]);
+        welford_chunk(st, vals);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (s + u * bx < sv) {
+            acc_t vals[VEC][1];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) vals[i][0] = acc_t(v[u].val[i]);
+            welford_chunk(st, vals);
+          }
+        }
+      }
+    }
+  }
+  st = block_reduce(st, 1);
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    store_stats(out, partial, C, splits, c, blockIdx.y, st.n, st.mean[0], st.m2[0]);
+    if (splits == 1 && c == 0) out[0] = count;
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    stats_channels_last_kernel(const T* __restrict__ x, int64_t M, int64_t C, int splits,
+                               double* __restrict__ partial, double* __restrict__ out, double count) {
+  using acc_t = at::opmath_type<T>;
+  const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  const bool active = c0 < C;
+  const int64_t stride = int64_t(splits) * blockDim.y;
+  Welford<acc_t, VEC> st;
+  st.reset();
+  if (active) {
+    for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += kUnroll * stride) {
+      Vec<T, VEC> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (m + u * stride < M) v[u] = load_vec<T, VEC>(x + (m + u * stride) * C + c0);
+      if (m + (kUnroll - 1) * stride < M) {
+        acc_t vals[kUnroll][VEC];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) vals[u][i] = acc_t(v[u].val[i]);
+        welford_chunk(st, vals);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (m + u * stride < M) {
+            acc_t vals[1][VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) vals[0][i] = acc_t(v[u].val[i]);
+            welford_chunk(st, vals);
+          }
+        }
+      }
+    }
+  }
+  // Inactive threads (channels past C) still join the reduction: it has a barrier.
+  st = block_reduce(st, blockDim.x);
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) store_stats(out, partial, C, splits, c0 + i, blockIdx.y, st.n, st.mean[i], st.m2[i]);
+    if (splits == 1 && c0 == 0) out[0] = count;
+  }
+}
+
+// One warp per channel merges the `splits` float64 partials of stats_*_kernel.
+__global__ void stats_finalize_kernel(const double* __restrict__ partial, int64_t C, int splits,
+                                      double* __restrict__ out, double count) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) out[0] = count;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (c >= C) return;  // the whole warp shares c, so the shuffles below stay full-warp
+  Welford<double, 1> st;
+  st.reset();
+  for (int g = threadIdx.x; g < splits; g += 32) {
+    Welford<double, 1> o;
+    o.n = partial[c * splits + g];
+    o.mean[0] = partial[(C + c) * splits + g];
+    o.m2[0] = partial[(2 * C + c) * splits + g];
+    st.merge(o);
+  }
+  for (int off = 1; off < 32; off <<= 1) st.merge(st.shfl_xor(off));
+  if (threadIdx.x == 0) {
+    out[1 + c] = st.mean[0];
+    out[1 + C + c] = st.m2[0];
+  }
+}
+
+template <typename T, int VEC>
+void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, double count) {
+  const Geometry geo = geometry(l, VEC, resident_blocks(x.get_device()));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  double* out_ptr = out.data_ptr<double>();
+  at::Tensor partial;
+  double* partial_ptr = nullptr;
+  if (geo.splits > 1) {
+    partial = at::empty({3 * l.c * geo.splits}, out.options());
+    partial_ptr = partial.data_ptr<double>();
+  }
+  const T* x_ptr = x.const_data_ptr<T>();
+  if (l.channels_last) {
+    stats_channels_last_kernel<T, VEC>
+        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.rows(), l.c, geo.splits, partial_ptr, out_ptr, count);
+  } else {
+    stats_channels_first_kernel<T, VEC>
+        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.n, l.c, l.s, geo.splits, partial_ptr, out_ptr, count);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (geo.splits > 1) {
+    const dim3 block(32, kFinalizeWarps);
+    const dim3 grid(unsigned(ceil_div(l.c, kFinalizeWarps)));
+    stats_finalize_kernel<<<grid, block, 0, stream>>>(partial_ptr, l.c, geo.splits, out_ptr, count);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+at::Tensor batch_norm_stats(const at::Tensor& input) {
+  using namespace detail;
+  check_input(input, "batch_norm_stats");
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = dense_input(input);
+  const Layout l = layout_of(x);
+  const auto opts = x.options().dtype(at::kDouble).memory_format(at::MemoryFormat::Contiguous);
+  // Empty batch (or C == 0): count = mean = m2 = 0, and no kernel with an empty grid.
+  if (x.numel() == 0) return at::zeros({2 * l.c + 1}, opts);
+  at::Tensor out = at::empty({2 * l.c + 1}, opts);
+  // numel / C < 2^53 is exact in float64; it is known on the host, so no device round trip.
+  const double count = double(l.rows());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_stats_cuda", [&] {
+    constexpr int kVec = kVecBytes / sizeof(scalar_t);
+    if (can_vectorize(l, kVec, {x.const_data_ptr()}))
+      launch_stats<scalar_t, kVec>(x, l, out, count);
+    else
+      launch_stats<scalar_t, 1>(x, l, out, count);
+  });
+  return out;
+}
+
+}  // namespace syncbn::cuda
