@@ -1,0 +1,41 @@
+"""Datasets on disk under 2 real gloo processes: loading is guarded, missing data fails on every rank."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.data.test_files import _write_fake_cifar10
+from tests.engine.gloo_ranks import run_ranks
+
+
+def _build_both(rank: int, world: int, absent: str, present: str,
+                lists: dict[str, Any]) -> tuple[tuple[str, str], tuple[int, int, list[int]]]:
+    """Missing data first (the error on each rank), then the tiny files (what each rank loads)."""
+    from torchvision import datasets
+
+    from src.data import DataConfig, build_datasets, build_train_loader
+
+    try:
+        build_datasets(DataConfig(name="cifar10", root=absent), seed=0)
+        missing = ("none", "")
+    except Exception as exc:  # the test inspects what each rank raised
+        missing = (type(exc).__name__, str(exc))
+    for attr, value in lists.items():  # this process's torchvision checksums -> the tiny files
+        setattr(datasets.CIFAR10, attr, value)
+    cfg = DataConfig(name="cifar10", root=present, batch_size=2)
+    bundle = build_datasets(cfg, seed=0)
+    _, labels = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
+    return missing, (len(bundle.train), len(bundle.val), labels.tolist())
+
+
+def test_guarded_loading_on_two_processes(tmp_path: Path) -> None:
+    """One spawn for both cases: starting processes dominates the cost on 2 shared cores."""
+    lists = _write_fake_cifar10(tmp_path / "present")
+    results = run_ranks(_build_both, 2, str(tmp_path / "absent"), str(tmp_path / "present"), lists)
+    (kind0, msg0), (kind1, msg1) = results[0][0], results[1][0]
+    assert kind0 == "FileNotFoundError" and "cifar-10-batches-py" in msg0 and "data.download=true" in msg0
+    # The waiting rank does not hang at the barrier: it raises, naming local rank 0's error.
+    assert kind1 == "RuntimeError" and "FileNotFoundError" in msg1 and "cifar-10-batches-py" in msg1
+    (n0, v0, l0), (n1, v1, l1) = results[0][1], results[1][1]
+    assert (n0, v0) == (n1, v1) == (20, 4)
+    assert len(l0) == len(l1) == 2
