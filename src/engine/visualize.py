@@ -89,7 +89,7 @@ def segmentation_panels(
 ) -> torch.Tensor:
     """One uint8 [3, H, W] picture: a row per index, image | ground truth | prediction, each at its own size.
 
-    Rows of different sizes are padded (black) to the widest and tallest row.
+    Rows keep their own height; narrower rows are padded (black) on the right to the widest.
     """
     from src.engine.evaluator import autocast_context, eval_mode, unwrap_model  # avoid an import cycle
 
@@ -109,9 +109,8 @@ def segmentation_panels(
                                    colorize_mask(pred, ignore_index)], dim=2))
     if not rows:
         return torch.zeros(3, 1, 1, dtype=torch.uint8)
-    height = max(r.shape[1] for r in rows)
     width = max(r.shape[2] for r in rows)
-    return torch.cat([_pad_to(r, height, width) for r in rows], dim=1)
+    return torch.cat([_pad_to(r, r.shape[1], width) for r in rows], dim=1)
 
 
 def classification_grid(

@@ -229,3 +229,45 @@ def test_bf16_autocast_runs_and_stays_close() -> None:
     bf16 = evaluate(model, loader(data, 0, 1, 32), "classification", NUM_CLASSES, "cpu", amp="bf16")
     # bf16 has ~3 significant digits; the mean loss of this tiny model moves by far less than 5%
     assert bf16["loss"] == pytest.approx(fp32["loss"], rel=5e-2)
+
+
+class _Writer:
+    """Records add_image calls like a SummaryWriter would receive them."""
+
+    def __init__(self) -> None:
+        self.images: list[tuple[str, torch.Tensor, int]] = []
+
+    def add_image(self, tag: str, image: torch.Tensor, global_step: int, dataformats: str) -> None:
+        assert dataformats == "CHW"
+        self.images.append((tag, image, global_step))
+
+
+def test_segmentation_panels_show_image_truth_prediction_rows() -> None:
+    from src.engine.visualize import colorize_mask, color_palette, fixed_sample_indices, log_segmentation_panels
+
+    data, model, writer = SegData(), tiny_segmenter().train(), _Writer()
+    chosen = log_segmentation_panels(writer, model, data, 7, "cpu", count=3)
+    assert chosen == fixed_sample_indices(NUM_SEG_IMAGES, 3) == [0, 6, 12]
+    assert model.training  # mode restored
+    tag, panel, step = writer.images[0]
+    heights = [data.items[i][0].shape[1] for i in chosen]
+    widths = [data.items[i][0].shape[2] for i in chosen]
+    assert (tag, step, panel.dtype) == ("val/panels", 7, torch.uint8)
+    assert panel.shape == (3, sum(heights), 3 * max(widths))
+    # second panel of the first row is the coloured ground truth; its ignored top row is white
+    h0, w0 = heights[0], widths[0]
+    assert torch.equal(panel[:, :h0, w0:2 * w0], colorize_mask(data.items[0][1]))
+    assert (panel[:, 0, w0:2 * w0] == 255).all()
+    assert color_palette()[1].tolist() == [128, 0, 0]  # VOC colours
+
+
+def test_classification_grid_frames_right_and_wrong() -> None:
+    from src.engine.visualize import log_classification_grid
+
+    writer = _Writer()
+    images = torch.randn(3, 3, 6, 6)
+    log_classification_grid(writer, images, 1, targets=torch.tensor([0, 1, 2]), preds=torch.tensor([0, 2, 2]),
+                            mean=[0.5] * 3, std=[0.25] * 3, nrow=3)
+    grid = writer.images[0][1]
+    assert grid.dtype == torch.uint8 and grid.shape == (3, 2 + 10 + 2, 2 + 3 * (10 + 2))
+    assert grid[:, 2, 2].tolist() == [0, 200, 0] and grid[:, 2, 14].tolist() == [220, 0, 0]
