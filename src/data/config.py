@@ -44,6 +44,8 @@ class DataConfig:
     noise_std: float = 10.0  # shapes: std of the Gaussian pixel noise, in 0..255 units
     min_shapes: int = 2  # shapes_seg: shapes per image, drawn in [min_shapes, max_shapes]
     max_shapes: int = 4
+    min_shape_size: float = 0.15  # shapes_seg: shape radius range, as a fraction of the image's shorter side
+    max_shape_size: float = 0.28
     variable_val_size: bool = False  # shapes_seg: validation images of varying sizes (0.75..1.25 x image_size)
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 
@@ -95,6 +97,10 @@ class DataConfig:
         if not 1 <= self.min_shapes <= self.max_shapes:
             raise ValueError(f"data.min_shapes and data.max_shapes must satisfy 1 <= min_shapes <= max_shapes, "
                              f"got {self.min_shapes} and {self.max_shapes}")
+        if not 0.02 <= self.min_shape_size <= self.max_shape_size <= 0.5:
+            raise ValueError(f"data.min_shape_size and data.max_shape_size must satisfy "
+                             f"0.02 <= min_shape_size <= max_shape_size <= 0.5, got {self.min_shape_size} "
+                             f"and {self.max_shape_size}")
         self._validate_num_classes()
         if self.download and self.name not in DOWNLOADABLE:
             raise ValueError(f"data.download=true is not possible for data.name={self.name}: "

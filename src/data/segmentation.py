@@ -51,7 +51,8 @@ def build_shapes_seg(cfg: DataConfig) -> SegSplits:
     """Several shapes per image; data.num_classes counts the background (so kinds = num_classes - 1)."""
     kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
     common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
-                  max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache)
+                  max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
+                  radius_range=(cfg.min_shape_size, cfg.max_shape_size))
     train = ShapesSegmentation(cfg.generator_seed, "train", cfg.train_size, **common)
     val = ShapesSegmentation(cfg.generator_seed, "val", cfg.val_size, variable_size=cfg.variable_val_size, **common)
     return train, val, list(train.classes), not cfg.variable_val_size

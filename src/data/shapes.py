@@ -193,8 +193,12 @@ def segmentation_image_size(seed: int, split: str, index: int, size: int, variab
 
 def make_segmentation_image(seed: int, split: str, index: int, size: int, num_classes: int,
                             min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
-                            noise_std: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
-    """One image (uint8 HxWx3) with several shapes, and its mask (uint8 HxW; 0 = background)."""
+                            noise_std: float = 10.0, radius_range: tuple[float, float] = (0.15, 0.28),
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """One image (uint8 HxWx3) with several shapes, and its mask (uint8 HxW; 0 = background).
+
+    Shape radii are drawn in radius_range x the shorter side.
+    """
     check_num_classes(num_classes)
     h, w = segmentation_image_size(seed, split, index, size, variable_size)
     rng = _rng(seed, split, index, 2)
@@ -205,7 +209,7 @@ def make_segmentation_image(seed: int, split: str, index: int, size: int, num_cl
     side = min(h, w)
     for _ in range(n):
         kind = int(rng.integers(0, num_classes))
-        radius = rng.uniform(0.15, 0.28) * side
+        radius = rng.uniform(*radius_range) * side
         cy = rng.uniform(0, h - 1)
         cx = rng.uniform(0, w - 1)
         colour = _shape_colour(rng, bg_colour)

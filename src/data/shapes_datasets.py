@@ -71,9 +71,11 @@ class ShapesSegmentation(_CachedShapes):
 
     def __init__(self, seed: int, split: str, length: int, image_size: int, num_shape_kinds: int,
                  min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
-                 noise_std: float = 10.0, cache: bool = True) -> None:
+                 noise_std: float = 10.0, cache: bool = True,
+                 radius_range: tuple[float, float] = (0.15, 0.28)) -> None:
         super().__init__(seed, split, length, cache)
         shapes.check_num_classes(num_shape_kinds)
+        self.radius_range = (float(radius_range[0]), float(radius_range[1]))
         self.image_size, self.num_shape_kinds = image_size, num_shape_kinds
         self.min_shapes, self.max_shapes = min_shapes, max_shapes
         self.variable_size, self.noise_std = variable_size, noise_std
@@ -81,7 +83,8 @@ class ShapesSegmentation(_CachedShapes):
 
     def _generate(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         return shapes.make_segmentation_image(self.seed, self.split, index, self.image_size, self.num_shape_kinds,
-                                              self.min_shapes, self.max_shapes, self.variable_size, self.noise_std)
+                                              self.min_shapes, self.max_shapes, self.variable_size, self.noise_std,
+                                              self.radius_range)
 
     def __getitem__(self, index: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         img, mask = self.raw(index)
