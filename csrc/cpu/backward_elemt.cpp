@@ -1,0 +1,113 @@
+// batch_norm_backward_elemt: dx = weight*invstd * (dy - sum_dy/n - xhat * sum_dy_xhat/n), one read
+// of x and dy and one write of dx, rewritten per channel as dx = dy*g + (x - mean)*q + p with
+//   g = weight*invstd, q = -g*invstd*sum_dy_xhat/n, p = -g*sum_dy/n  (computed in double).
+#include <ATen/Dispatch.h>
+#include <ATen/ops/zeros_like.h>
+
+#include "../syncbn.h"
+#include "elementwise.h"
+#include "vec_io.h"
+
+namespace syncbn::cpu {
+namespace {
+using namespace detail;
+
+template <typename scalar_t>
+void backward_elemt_kernel(const at::Tensor& grad_out, const at::Tensor& input, at::Tensor& grad_in,
+                           const InputLayout& lay, const std::vector<double>& mean,
+                           const std::vector<double>& gain, const std::vector<double>& slope,
+                           const std::vector<double>& offset) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  const int64_t C = lay.c;
+  std::vector<acc_t> mu(mean.begin(), mean.end()), gv(gain.begin(), gain.end()),
+      qv(slope.begin(), slope.end()), pv(offset.begin(), offset.end());
+  const scalar_t* x = input.const_data_ptr<scalar_t>();
+  const scalar_t* dy = grad_out.const_data_ptr<scalar_t>();
+  scalar_t* dx = grad_in.data_ptr<scalar_t>();
+
+  if (lay.layout == Layout::kPlanes) {
+    for_each_plane_segment(lay, [&](int64_t off, int64_t len, int64_t c) {
+      const AVec vm(mu[c]), vg(gv[c]), vq(qv[c]), vp(pv[c]);
+      const int64_t vec_end = len - len % IO::kStep;
+      AVec a, b, g, h;
+      for (int64_t i = off; i < off + vec_end; i += IO::kStep) {
+        IO::load(x + i, a, b);
+        IO::load(dy + i, g, h);
+        IO::store(dx + i, at::vec::fmadd(g, vg, at::vec::fmadd(a - vm, vq, vp)),
+                  at::vec::fmadd(h, vg, at::vec::fmadd(b - vm, vq, vp)));
+      }
+      if (vec_end < len) {
+        const int64_t i = off + vec_end, rest = len - vec_end;
+        IO::load_tail(x + i, rest, acc_t(0), a, b);
+        IO::load_tail(dy + i, rest, acc_t(0), g, h);
+        IO::store_tail(dx + i, rest, at::vec::fmadd(g, vg, at::vec::fmadd(a - vm, vq, vp)),
+                       at::vec::fmadd(h, vg, at::vec::fmadd(b - vm, vq, vp)));
+      }
+    });
+    return;
+  }
+  const int64_t vec_c = C - C % IO::kStep;
+  for_each_row_range(lay, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = x + r * C;
+      const scalar_t* gr = dy + r * C;
+      scalar_t* dr = dx + r * C;
+      AVec a, b, g, h;
+      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+        IO::load(xr + c, a, b);
+        IO::load(gr + c, g, h);
+        a = at::vec::fmadd(g, AVec::loadu(&gv[c]),
+                           at::vec::fmadd(a - AVec::loadu(&mu[c]), AVec::loadu(&qv[c]), AVec::loadu(&pv[c])));
+        b = at::vec::fmadd(h, AVec::loadu(&gv[c + W]),
+                           at::vec::fmadd(b - AVec::loadu(&mu[c + W]), AVec::loadu(&qv[c + W]),
+                                          AVec::loadu(&pv[c + W])));
+        IO::store(dr + c, a, b);
+      }
+      for (int64_t c = vec_c; c < C; ++c)
+        dr[c] = static_cast<scalar_t>(static_cast<acc_t>(gr[c]) * gv[c] +
+                                      (static_cast<acc_t>(xr[c]) - mu[c]) * qv[c] + pv[c]);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
+                                     const at::Tensor& mean, const at::Tensor& invstd,
+                                     const std::optional<at::Tensor>& weight,
+                                     const at::Tensor& reduced, const at::Tensor& count) {
+  const char* op = "batch_norm_backward_elemt";
+  const InputLayout lay = check_input(input, op);
+  check_like_input(grad_out, input, lay, op, "grad_out");
+  const int64_t C = lay.c;
+  check_vector(mean, C, op, "mean", "one per channel");
+  check_vector(invstd, C, op, "invstd", "one per channel");
+  check_vector(reduced, 2 * C, op, "reduced", "[sum_dy, sum_dy_xhat] per channel");
+  const bool has_w = weight.has_value() && weight->defined();
+  if (has_w) check_vector(*weight, C, op, "weight", "one per channel");
+  TORCH_CHECK(count.defined() && count.numel() == 1, op,
+              ": count must be a tensor holding one value (the global element count per channel)");
+  const double n = count.to(at::kDouble).item<double>();
+  if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, input.suggest_memory_format());
+
+  at::Tensor grad_in = empty_like_input(input, lay);
+  const std::vector<double> mu = to_double_vector(mean);
+  const std::vector<double> inv = to_double_vector(invstd);
+  const std::vector<double> red = to_double_vector(reduced);
+  std::vector<double> w = has_w ? to_double_vector(*weight) : std::vector<double>(C, 1.0);
+  std::vector<double> gain(C), slope(C), offset(C);
+  for (int64_t c = 0; c < C; ++c) {
+    gain[c] = w[c] * inv[c];
+    slope[c] = -gain[c] * inv[c] * red[C + c] / n;
+    offset[c] = -gain[c] * red[c] / n;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "syncbn_bwd_elemt", [&] {
+    backward_elemt_kernel<scalar_t>(grad_out, input, grad_in, lay, mu, gain, slope, offset);
+  });
+  return grad_in;
+}
+
+}  // namespace syncbn::cpu

@@ -1,0 +1,97 @@
+// batch_norm_elemt: y = (x - mean) * (invstd * weight) + bias, one read of x and one write of y.
+// (x - mean) is formed before scaling (not x*scale + shift) so inputs with |mean| >> std keep
+// their precision; the extra subtraction is free in a memory-bound loop.
+#include <ATen/Dispatch.h>
+
+#include "../syncbn.h"
+#include "elementwise.h"
+#include "vec_io.h"
+
+namespace syncbn::cpu {
+namespace {
+using namespace detail;
+
+template <typename scalar_t>
+void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout& lay,
+                  const std::vector<double>& mean, const std::vector<double>& scale,
+                  const std::vector<double>& shift) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  const int64_t C = lay.c;
+  std::vector<acc_t> mu(mean.begin(), mean.end()), sc(scale.begin(), scale.end()),
+      sh(shift.begin(), shift.end());
+  const scalar_t* x = input.const_data_ptr<scalar_t>();
+  scalar_t* y = output.data_ptr<scalar_t>();
+
+  if (lay.layout == Layout::kPlanes) {
+    for_each_plane_segment(lay, [&](int64_t off, int64_t len, int64_t c) {
+      const AVec vm(mu[c]), vs(sc[c]), vh(sh[c]);
+      const scalar_t* xp = x + off;
+      scalar_t* yp = y + off;
+      const int64_t vec_end = len - len % IO::kStep;
+      AVec a, b;
+      for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+        IO::load(xp + i, a, b);
+        IO::store(yp + i, at::vec::fmadd(a - vm, vs, vh), at::vec::fmadd(b - vm, vs, vh));
+      }
+      if (vec_end < len) {
+        IO::load_tail(xp + vec_end, len - vec_end, acc_t(0), a, b);
+        IO::store_tail(yp + vec_end, len - vec_end, at::vec::fmadd(a - vm, vs, vh),
+                       at::vec::fmadd(b - vm, vs, vh));
+      }
+    });
+    return;
+  }
+  const int64_t vec_c = C - C % IO::kStep;
+  for_each_row_range(lay, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = x + r * C;
+      scalar_t* yr = y + r * C;
+      AVec a, b;
+      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+        IO::load(xr + c, a, b);
+        a = at::vec::fmadd(a - AVec::loadu(&mu[c]), AVec::loadu(&sc[c]), AVec::loadu(&sh[c]));
+        b = at::vec::fmadd(b - AVec::loadu(&mu[c + W]), AVec::loadu(&sc[c + W]),
+                           AVec::loadu(&sh[c + W]));
+        IO::store(yr + c, a, b);
+      }
+      for (int64_t c = vec_c; c < C; ++c)
+        yr[c] = static_cast<scalar_t>((static_cast<acc_t>(xr[c]) - mu[c]) * sc[c] + sh[c]);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                            const at::Tensor& invstd) {
+  const char* op = "batch_norm_elemt";
+  const InputLayout lay = check_input(input, op);
+  const int64_t C = lay.c;
+  check_vector(mean, C, op, "mean", "one per channel");
+  check_vector(invstd, C, op, "invstd", "one per channel");
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (has_w) check_vector(*weight, C, op, "weight", "one per channel");
+  if (has_b) check_vector(*bias, C, op, "bias", "one per channel");
+  at::Tensor output = empty_like_input(input, lay);
+  if (input.numel() == 0) return output;
+
+  const std::vector<double> mu = to_double_vector(mean);
+  std::vector<double> scale = to_double_vector(invstd);
+  std::vector<double> shift(C, 0.0);
+  if (has_w) {
+    const std::vector<double> w = to_double_vector(*weight);
+    for (int64_t c = 0; c < C; ++c) scale[c] *= w[c];
+  }
+  if (has_b) shift = to_double_vector(*bias);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "syncbn_elemt", [&] {
+    elemt_kernel<scalar_t>(input, output, lay, mu, scale, shift);
+  });
+  return output;
+}
+
+}  // namespace syncbn::cpu

@@ -1,0 +1,86 @@
+// batch_norm_gather_stats: Chan merge of the gathered per-rank [count, mean, M2] rows and the
+// running-statistics update. Works on C values, so it is plain scalar code.
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+
+#include "../syncbn.h"
+#include "layout.h"
+
+namespace syncbn::cpu {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
+    const at::Tensor& gathered, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    double momentum, double eps, bool acc_double) {
+  const char* op = "batch_norm_gather_stats";
+  TORCH_CHECK(gathered.defined() && gathered.device().is_cpu(), op,
+              ": gathered must be a CPU tensor");
+  TORCH_CHECK(gathered.scalar_type() == at::kDouble, op, ": gathered must be float64, got ",
+              gathered.scalar_type());
+  TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1, op,
+              ": gathered must have shape [world_size, 2*C+1] (rows of [count, mean_0..C-1, "
+              "m2_0..C-1]), got ", gathered.sizes());
+  const int64_t C = (gathered.size(1) - 1) / 2;
+  const int64_t W = gathered.size(0);
+  const at::Tensor g = gathered.contiguous();
+  const double* p = g.const_data_ptr<double>();
+  const int64_t cols = 2 * C + 1;
+
+  double n = 0.0;
+  for (int64_t r = 0; r < W; ++r) {
+    TORCH_CHECK(p[r * cols] >= 0.0, op, ": row ", r, " has a negative count ", p[r * cols]);
+    n += p[r * cols];
+  }
+  const auto acc = acc_double ? at::kDouble : at::kFloat;
+  at::Tensor mean = at::zeros({C}, g.options().dtype(acc));
+  at::Tensor invstd = at::zeros({C}, g.options().dtype(acc));
+  at::Tensor count = at::scalar_tensor(n, g.options());
+  if (n == 0.0) return {mean, invstd, count};  // empty everywhere: running stats untouched
+
+  at::Tensor mean_d = at::empty({C}, g.options());
+  at::Tensor m2_d = at::empty({C}, g.options());
+  double* mu = mean_d.data_ptr<double>();
+  double* m2 = m2_d.data_ptr<double>();
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0.0;
+    for (int64_t r = 0; r < W; ++r) s += p[r * cols] * p[r * cols + 1 + c];
+    const double mc = s / n;
+    double q = 0.0;
+    for (int64_t r = 0; r < W; ++r) {
+      const double nr = p[r * cols];
+      const double dm = p[r * cols + 1 + c] - mc;
+      q += p[r * cols + 1 + C + c] + nr * dm * dm;  // zero-count rows add exactly 0
+    }
+    mu[c] = mc;
+    m2[c] = q;
+  }
+  at::Tensor invstd_d = (m2_d / n + eps).rsqrt();
+  mean.copy_(mean_d);
+  invstd.copy_(invstd_d);
+
+  const bool has_rm = running_mean.has_value() && running_mean->defined();
+  const bool has_rv = running_var.has_value() && running_var->defined();
+  TORCH_CHECK(has_rm == has_rv, op, ": running_mean and running_var must be given together");
+  if (has_rm) {
+    detail::check_vector(*running_mean, C, op, "running_mean", "one per channel");
+    detail::check_vector(*running_var, C, op, "running_var", "one per channel");
+    double f = momentum;
+    if (momentum < 0) {
+      TORCH_CHECK(num_batches_tracked.has_value() && num_batches_tracked->defined(), op,
+                  ": momentum < 0 (cumulative average) needs num_batches_tracked");
+      TORCH_CHECK(num_batches_tracked->numel() == 1, op,
+                  ": num_batches_tracked must hold one value, got shape ", num_batches_tracked->sizes());
+      const int64_t k = num_batches_tracked->item<int64_t>();
+      TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
+      f = 1.0 / static_cast<double>(k);
+    }
+    at::Tensor unbiased = m2_d / (n - 1.0);
+    running_mean->mul_(1.0 - f).add_((mean_d * f).to(running_mean->scalar_type()));
+    running_var->mul_(1.0 - f).add_((unbiased * f).to(running_var->scalar_type()));
+  }
+  return {mean, invstd, count};
+}
+
+}  // namespace syncbn::cpu

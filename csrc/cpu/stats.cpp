@@ -1,0 +1,152 @@
+// batch_norm_stats: per-channel count, mean and M2 in one read of x (tiles are re-read from cache,
+// never from memory), merged across tiles and threads with Chan's formula.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
+
+#include "../syncbn.h"
+#include "layout.h"
+#include "vec_io.h"
+
+namespace syncbn::cpu {
+namespace {
+using namespace detail;
+
+// Values per two-pass tile in the planes layout: 32 KiB of fp32, so the second pass hits L1/L2.
+constexpr int64_t kPlaneTile = 8192;
+// Target values per tile in the rows layout (rows * C).
+constexpr int64_t kRowTileValues = 16384;
+
+template <typename scalar_t>
+inline void accumulate_plane(const scalar_t* p, int64_t len, Moments& m) {
+  for (int64_t t = 0; t < len; t += kPlaneTile) {
+    const int64_t l = std::min(kPlaneTile, len - t);
+    double mean, m2;
+    contiguous_moments(p + t, l, mean, m2);
+    m.merge(l, mean, m2);
+  }
+}
+
+template <typename scalar_t>
+void stats_planes(const scalar_t* x, const InputLayout& lay, std::vector<Moments>& out) {
+  const int64_t N = lay.n, C = lay.c, S = lay.s;
+  if (C >= at::get_num_threads() || N == 1) {
+    // Each thread owns a channel range and streams the contiguous block x[n, c0:c1, :] per n.
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) accumulate_plane(x + (n * C + c) * S, S, out[c]);
+    });
+    return;
+  }
+  // Few channels: split the batch, keep per-chunk partials, merge them in a fixed order.
+  const int64_t chunks = num_chunks(N, 1);
+  std::vector<std::vector<Moments>> part(chunks, std::vector<Moments>(C));
+  at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t n = N * k / chunks; n < N * (k + 1) / chunks; ++n)
+        for (int64_t c = 0; c < C; ++c) accumulate_plane(x + (n * C + c) * S, S, part[k][c]);
+  });
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
+}
+
+// Two-pass moments of a tile of `len` rows of C channels, merged into `m`.
+template <typename scalar_t>
+void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
+                         std::vector<acc_type<scalar_t>>& mean0, std::vector<acc_type<scalar_t>>& sd,
+                         std::vector<acc_type<scalar_t>>& sq, std::vector<Moments>& m) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  const int64_t vec_c = C - C % IO::kStep;
+  std::fill(mean0.begin(), mean0.end(), acc_t(0));
+  std::fill(sd.begin(), sd.end(), acc_t(0));
+  std::fill(sq.begin(), sq.end(), acc_t(0));
+  acc_t* s = mean0.data();
+  for (int64_t r = 0; r < len; ++r) {
+    const scalar_t* row = p + r * C;
+    AVec a, b;
+    for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+      IO::load(row + c, a, b);
+      (AVec::loadu(s + c) + a).store(s + c);
+      (AVec::loadu(s + c + W) + b).store(s + c + W);
+    }
+    for (int64_t c = vec_c; c < C; ++c) s[c] += static_cast<acc_t>(row[c]);
+  }
+  const acc_t inv_len = acc_t(1) / static_cast<acc_t>(len);
+  for (int64_t c = 0; c < C; ++c) s[c] *= inv_len;
+  acc_t* d = sd.data();
+  acc_t* q = sq.data();
+  for (int64_t r = 0; r < len; ++r) {
+    const scalar_t* row = p + r * C;
+    AVec a, b;
+    for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+      IO::load(row + c, a, b);
+      a -= AVec::loadu(s + c);
+      b -= AVec::loadu(s + c + W);
+      (AVec::loadu(d + c) + a).store(d + c);
+      (AVec::loadu(d + c + W) + b).store(d + c + W);
+      at::vec::fmadd(a, a, AVec::loadu(q + c)).store(q + c);
+      at::vec::fmadd(b, b, AVec::loadu(q + c + W)).store(q + c + W);
+    }
+    for (int64_t c = vec_c; c < C; ++c) {
+      const acc_t v = static_cast<acc_t>(row[c]) - s[c];
+      d[c] += v;
+      q[c] += v * v;
+    }
+  }
+  const double dl = static_cast<double>(len);
+  for (int64_t c = 0; c < C; ++c) {
+    const double sdc = d[c];
+    m[c].merge(len, static_cast<double>(s[c]) + sdc / dl,
+               std::max(0.0, static_cast<double>(q[c]) - sdc * sdc / dl));
+  }
+}
+
+template <typename scalar_t>
+void stats_rows(const scalar_t* x, int64_t M, int64_t C, std::vector<Moments>& out) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 8, 4096);
+  const int64_t tiles = (M + R - 1) / R;
+  const int64_t chunks = num_chunks(tiles, 1);
+  std::vector<std::vector<Moments>> part(chunks, std::vector<Moments>(C));
+  at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+    std::vector<acc_t> mean0(C), sd(C), sq(C);
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t t = tiles * k / chunks; t < tiles * (k + 1) / chunks; ++t) {
+        const int64_t r0 = t * R;
+        const int64_t len = std::min(R, M - r0);
+        accumulate_row_tile(x + r0 * C, len, C, mean0, sd, sq, part[k]);
+      }
+  });
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
+}
+
+}  // namespace
+
+at::Tensor batch_norm_stats(const at::Tensor& input) {
+  const InputLayout lay = check_input(input, "batch_norm_stats");
+  const int64_t C = lay.c;
+  std::vector<Moments> moments(C);
+  if (input.numel() > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "syncbn_stats", [&] {
+      const scalar_t* x = input.const_data_ptr<scalar_t>();
+      if (lay.layout == Layout::kPlanes)
+        stats_planes(x, lay, moments);
+      else
+        stats_rows(x, lay.rows(), C, moments);
+    });
+  }
+  at::Tensor out = at::zeros({2 * C + 1}, input.options().dtype(at::kDouble));
+  double* o = out.data_ptr<double>();
+  o[0] = C > 0 ? static_cast<double>(input.numel() / C) : 0.0;
+  for (int64_t c = 0; c < C; ++c) {
+    o[1 + c] = moments[c].mean;
+    o[1 + C + c] = moments[c].m2;
+  }
+  return out;
+}
+
+}  // namespace syncbn::cpu

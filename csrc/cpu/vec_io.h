@@ -1,0 +1,150 @@
+// Vector loads/stores that widen any supported dtype to its accumulation type, plus the
+// per-channel moment merge. Private to csrc/cpu/.
+//
+// Why at::vec::Vectorized: it follows the CPU_CAPABILITY_* macro the extension is compiled with
+// (src/syncbn/extension.py builds one library per capability: default, AVX2, AVX512), so the same
+// source gives scalar, 256-bit or 512-bit code.
+#pragma once
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace syncbn::cpu::detail {
+
+// float64 input accumulates in float64, everything else (float32, float16, bfloat16) in float32.
+template <typename scalar_t>
+using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+// Loads/stores kStep consecutive scalar_t values as two acc-type vectors (a: first half, b: second).
+// kStep is the same for float and the 16-bit types, so one loop shape serves every dtype.
+template <typename scalar_t>
+struct VecIO {
+  using acc_t = acc_type<scalar_t>;
+  using AVec = at::vec::Vectorized<acc_t>;
+  static constexpr int64_t kWidth = AVec::size();
+  static constexpr int64_t kStep = 2 * kWidth;
+
+  static inline void load(const scalar_t* p, AVec& a, AVec& b) {
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      a = AVec::loadu(p);
+      b = AVec::loadu(p + kWidth);
+    } else {
+      auto v = at::vec::Vectorized<scalar_t>::loadu(p);
+      std::tie(a, b) = at::vec::convert_to_float<scalar_t>(v);
+    }
+  }
+
+  static inline void store(scalar_t* p, const AVec& a, const AVec& b) {
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      a.store(p);
+      b.store(p + kWidth);
+    } else {
+      at::vec::convert_from_float<scalar_t>(a, b).store(p);
+    }
+  }
+
+  // Tail of fewer than kStep values: widened into a buffer padded with `pad` (so padded lanes can
+  // be made to contribute exactly nothing to a reduction).
+  static inline void load_tail(const scalar_t* p, int64_t count, acc_t pad, AVec& a, AVec& b) {
+    alignas(64) acc_t buf[kStep];
+    for (int64_t i = 0; i < kStep; ++i) buf[i] = i < count ? static_cast<acc_t>(p[i]) : pad;
+    a = AVec::loadu(buf);
+    b = AVec::loadu(buf + kWidth);
+  }
+
+  static inline void store_tail(scalar_t* p, int64_t count, const AVec& a, const AVec& b) {
+    alignas(64) acc_t buf[kStep];
+    a.store(buf);
+    b.store(buf + kWidth);
+    for (int64_t i = 0; i < count; ++i) p[i] = static_cast<scalar_t>(buf[i]);
+  }
+};
+
+template <typename acc_t>
+inline acc_t hsum(const at::vec::Vectorized<acc_t>& v) {
+  alignas(64) acc_t buf[at::vec::Vectorized<acc_t>::size()];
+  v.store(buf);
+  acc_t s = 0;
+  for (int64_t i = 0; i < at::vec::Vectorized<acc_t>::size(); ++i) s += buf[i];
+  return s;
+}
+
+// Count, mean and sum of squared deviations of one channel; merged with Chan et al.'s pairwise
+// formula (stable for |mean| >> std, unlike sum/sum-of-squares). Kept in double: merges happen
+// once per tile, so the cost is negligible and fp32 inputs lose nothing across tiles.
+struct Moments {
+  int64_t n = 0;
+  double mean = 0.0;
+  double m2 = 0.0;
+
+  inline void merge(int64_t nb, double mean_b, double m2_b) {
+    if (nb == 0) return;
+    if (n == 0) {
+      n = nb;
+      mean = mean_b;
+      m2 = m2_b;
+      return;
+    }
+    const int64_t nt = n + nb;
+    const double delta = mean_b - mean;
+    const double wb = static_cast<double>(nb) / static_cast<double>(nt);
+    mean += delta * wb;
+    m2 += m2_b + delta * delta * static_cast<double>(n) * wb;
+    n = nt;
+  }
+  inline void merge(const Moments& o) { merge(o.n, o.mean, o.m2); }
+};
+
+// Mean and M2 of `len` contiguous values in two passes over data that is already in L1/L2 (the
+// caller tiles), with the corrected two-pass formula: M2 = sum(d^2) - sum(d)^2/len, d = x - mean0.
+template <typename scalar_t>
+inline void contiguous_moments(const scalar_t* p, int64_t len, double& mean_out, double& m2_out) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  const int64_t vec_end = len - len % IO::kStep;
+  AVec s0(0), s1(0), a, b;
+  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+    IO::load(p + i, a, b);
+    s0 += a;
+    s1 += b;
+  }
+  if (vec_end < len) {
+    IO::load_tail(p + vec_end, len - vec_end, acc_t(0), a, b);
+    s0 += a;
+    s1 += b;
+  }
+  const acc_t mean0 = hsum<acc_t>(s0 + s1) / static_cast<acc_t>(len);
+  const AVec vm(mean0);
+  AVec d0(0), d1(0), q0(0), q1(0);
+  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+    IO::load(p + i, a, b);
+    a -= vm;
+    b -= vm;
+    d0 += a;
+    d1 += b;
+    q0 = at::vec::fmadd(a, a, q0);
+    q1 = at::vec::fmadd(b, b, q1);
+  }
+  if (vec_end < len) {
+    IO::load_tail(p + vec_end, len - vec_end, mean0, a, b);  // padded lanes give d = 0 exactly
+    a -= vm;
+    b -= vm;
+    d0 += a;
+    d1 += b;
+    q0 = at::vec::fmadd(a, a, q0);
+    q1 = at::vec::fmadd(b, b, q1);
+  }
+  const double sd = static_cast<double>(hsum<acc_t>(d0 + d1));
+  const double sq = static_cast<double>(hsum<acc_t>(q0 + q1));
+  const double dl = static_cast<double>(len);
+  mean_out = static_cast<double>(mean0) + sd / dl;
+  m2_out = std::max(0.0, sq - sd * sd / dl);
+}
+
+}  // namespace syncbn::cpu::detail

@@ -1,0 +1,313 @@
+"""Build (once per node, cached on disk) and load the SyncBN C++/CUDA kernel extension.
+
+`load_extension()` returns the compiled module with the five ops of csrc/syncbn.h. The first call on
+a machine compiles it with ninja into a cache directory (default `<repo>/build/torch_extensions`,
+override with SYNCTRAIN_EXTENSIONS_DIR); every later process imports the cached library directly.
+
+Design choices (why this is hand-written rather than a bare `torch.utils.cpp_extension.load`):
+- Cache key. Each variant is built under its own name and directory,
+  `syncbn_<cpu|cuda>_<isa>_<hash>`, where the hash covers the sources, headers, flags, the PyTorch,
+  CUDA and Python versions and the CUDA arch list. The CPU-only and the CUDA variant can therefore
+  never collide, an edited source gets a fresh build, and the ahead-of-time build
+  (`python -m src.syncbn.build`) produces exactly the directory this loader looks for.
+- CPU instruction set. `at::vec::Vectorized` picks its width at compile time from the
+  CPU_CAPABILITY_* macros. `-march=native` would tie a Docker image's AOT build to the build host's
+  CPU (SIGILL elsewhere), and mixing ISAs inside one library risks the linker keeping an AVX-512
+  copy of a shared inline function. So we build one homogeneous library per capability (default,
+  avx2, avx512, the same flags PyTorch uses for its own kernels) and pick the one matching
+  `torch.backends.cpu.get_cpu_capability()` (which honours ATEN_CPU_CAPABILITY) at load time.
+- OpenMP. `at::parallel_for` is an inline template that only runs in parallel when the extension is
+  compiled with -fopenmp; the library then links libgomp.so.1, which resolves to the copy PyTorch
+  already loaded (same soname), so there is one thread pool.
+- One compiler per node. An fcntl lock (released by the kernel if the holder dies, unlike
+  PyTorch's own lock file) serialises builds: other processes (torchrun ranks, pytest workers) wait,
+  then import the finished library. A failed build leaves a marker so that processes that were
+  waiting re-raise the same error instead of compiling again; nobody hangs.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import platform
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CSRC = REPO_ROOT / "csrc"
+DEFAULT_CUDA_ARCH_LIST = "9.0"  # used by `build --cuda` on a machine without a GPU (small on purpose)
+LOCK_TIMEOUT_S = float(os.environ.get("SYNCTRAIN_EXTENSIONS_LOCK_TIMEOUT", "3600"))
+
+_BASE_CFLAGS = ["-O3", "-fopenmp", "-DNDEBUG"]
+# Same per-capability flags PyTorch compiles its own vectorised CPU kernels with.
+_ISA_CFLAGS = {
+    "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+}
+CPU_CAPABILITIES = tuple(_ISA_CFLAGS)
+
+_LOADED: dict[str, ModuleType] = {}
+_LAST_BUILD: dict[str, object] = {}
+
+
+class ExtensionBuildError(RuntimeError):
+    """The SyncBN extension could not be built (missing tool or compile error)."""
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything that identifies one compiled variant of the extension."""
+
+    name: str
+    build_dir: Path
+    sources: tuple[str, ...]
+    cflags: tuple[str, ...]
+    cuda_cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    with_cuda: bool
+    cpu_capability: str
+    cuda_arch_list: str | None
+    env: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def library(self) -> Path:
+        """Path of the compiled Python module."""
+        return self.build_dir / f"{self.name}{_lib_suffix()}"
+
+    @property
+    def ok_marker(self) -> Path:
+        """Written after a successful build: the library is complete."""
+        return self.build_dir / "BUILD_OK"
+
+
+def _lib_suffix() -> str:
+    return ".pyd" if sys.platform == "win32" else ".so"
+
+
+def extensions_dir() -> Path:
+    """Cache directory for compiled variants (SYNCTRAIN_EXTENSIONS_DIR or <repo>/build/torch_extensions)."""
+    env = os.environ.get("SYNCTRAIN_EXTENSIONS_DIR")
+    return Path(env).expanduser().resolve() if env else REPO_ROOT / "build" / "torch_extensions"
+
+
+def default_cpu_capability() -> str:
+    """The ISA variant for this machine: SYNCTRAIN_CPU_CAPABILITY, else PyTorch's own detection."""
+    forced = os.environ.get("SYNCTRAIN_CPU_CAPABILITY")
+    if forced:
+        if forced not in _ISA_CFLAGS:
+            raise ValueError(f"SYNCTRAIN_CPU_CAPABILITY={forced!r}; expected one of {CPU_CAPABILITIES}")
+        return forced
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "default"  # Vectorized uses NEON/SVE/VSX from compiler macros on other CPUs
+    cap = torch.backends.cpu.get_cpu_capability().upper()
+    if cap.startswith("AVX512"):
+        return "avx512"
+    if cap.startswith("AVX2"):
+        return "avx2"
+    return "default"
+
+
+def cuda_sources() -> list[Path]:
+    """CUDA kernel sources (csrc/cuda/*.cu and host-side *.cpp), empty before they exist."""
+    d = CSRC / "cuda"
+    return sorted(d.glob("*.cu")) + sorted(d.glob("*.cpp")) if d.is_dir() else []
+
+
+def cuda_arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST if set, else the visible GPUs' archs, else DEFAULT_CUDA_ARCH_LIST."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        return env
+    if torch.cuda.is_available():
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return ";".join(f"{a}.{b}" for a, b in sorted(caps))
+    return DEFAULT_CUDA_ARCH_LIST
+
+
+def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) -> BuildSpec:
+    """Describe the variant to build/load (CUDA when a GPU and CUDA sources exist, unless told)."""
+    if with_cuda is None:
+        with_cuda = torch.cuda.is_available() and bool(cuda_sources())
+    cap = cpu_capability or default_cpu_capability()
+    if cap not in _ISA_CFLAGS:
+        raise ValueError(f"cpu_capability={cap!r}; expected one of {CPU_CAPABILITIES}")
+    sources = [CSRC / "bindings.cpp", *sorted((CSRC / "cpu").glob("*.cpp"))]
+    cflags = list(_BASE_CFLAGS) + _ISA_CFLAGS[cap]
+    cuda_cflags: list[str] = []
+    arch: str | None = None
+    env: dict[str, str] = {}
+    if with_cuda:
+        if not cuda_sources():
+            raise ExtensionBuildError(f"CUDA build requested but {CSRC / 'cuda'} has no .cu sources")
+        sources += cuda_sources()
+        cflags.append("-DSYNCBN_WITH_CUDA")
+        cuda_cflags = ["-O3", "-DSYNCBN_WITH_CUDA"]
+        arch = cuda_arch_list()
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    headers = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cuh", ".hpp"))
+    digest = hashlib.sha256()
+    for p in sorted(set(sources)) + headers:
+        digest.update(str(p.relative_to(CSRC)).encode())
+        digest.update(p.read_bytes())
+    for part in (cflags, cuda_cflags, [arch or "", torch.__version__, str(torch.version.cuda),
+                                       sys.version, os.environ.get("CXX", "c++")]):
+        digest.update(repr(part).encode())
+    kind = "cuda" if with_cuda else "cpu"
+    name = f"syncbn_{kind}_{cap}_{digest.hexdigest()[:12]}"
+    return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
+                     cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags), ldflags=("-fopenmp",),
+                     with_cuda=with_cuda, cpu_capability=cap, cuda_arch_list=arch, env=env)
+
+
+def check_build_tools(spec: BuildSpec) -> None:
+    """Raise ExtensionBuildError naming the missing tool and how to install it."""
+    if shutil.which("ninja") is None:
+        raise ExtensionBuildError(
+            "Building the SyncBN extension needs ninja, which is not on PATH. Install it with "
+            "`pip install ninja` (in this environment) or `apt-get install ninja-build`.")
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise ExtensionBuildError(
+            f"Building the SyncBN extension needs a C++ compiler, but {cxx!r} (from $CXX, default "
+            "'c++') is not on PATH. Install one, e.g. `apt-get install g++` (Debian/Ubuntu) or "
+            "`dnf install gcc-c++`, or point CXX at an existing compiler.")
+    if spec.with_cuda:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
+            raise ExtensionBuildError(
+                "Building the CUDA variant of the SyncBN extension needs nvcc, which was not found "
+                f"(CUDA_HOME={CUDA_HOME}). Install the CUDA toolkit matching torch.version.cuda="
+                f"{torch.version.cuda} or set CUDA_HOME; or build the CPU-only variant.")
+
+
+def _import_library(spec: BuildSpec) -> ModuleType:
+    mod_spec = importlib.util.spec_from_file_location(spec.name, spec.library)
+    if mod_spec is None or mod_spec.loader is None:
+        raise ExtensionBuildError(f"cannot import the SyncBN extension from {spec.library}")
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+class _NodeLock:
+    """Exclusive fcntl lock on a file; waits (polling, with a timeout) instead of failing."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        self.path, self.timeout_s, self.fd = path, timeout_s, -1
+
+    def __enter__(self) -> "_NodeLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise TimeoutError(
+                        f"waited {self.timeout_s:.0f} s for another process building the SyncBN "
+                        f"extension (lock {self.path}); raise SYNCTRAIN_EXTENSIONS_LOCK_TIMEOUT or "
+                        "check for a stuck compiler") from None
+                time.sleep(0.2)
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType | None:
+    """Run the ninja build for `spec` (the caller holds the node lock); import it if asked."""
+    from torch.utils import cpp_extension
+
+    spec.build_dir.mkdir(parents=True, exist_ok=True)
+    # PyTorch's own lock file: we hold the node lock, so any existing one is stale (a killed build)
+    # and would make cpp_extension wait forever.
+    (spec.build_dir / "lock").unlink(missing_ok=True)
+    saved = {k: os.environ.get(k) for k in spec.env}
+    os.environ.update(spec.env)
+    try:
+        kwargs = dict(extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
+                      extra_ldflags=list(spec.ldflags), build_directory=str(spec.build_dir),
+                      verbose=verbose, with_cuda=spec.with_cuda)
+        build_only = getattr(cpp_extension, "_write_ninja_file_and_build_library", None)
+        if not import_module and build_only is not None:
+            # Compile without importing (e.g. the CUDA variant on a machine without a GPU).
+            build_only(spec.name, list(spec.sources), kwargs["extra_cflags"],
+                       kwargs["extra_cuda_cflags"], None, kwargs["extra_ldflags"], None,
+                       str(spec.build_dir), verbose, spec.with_cuda, False)
+            return None
+        return cpp_extension.load(spec.name, list(spec.sources), **kwargs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None = None) -> ModuleType | None:
+    """Build `spec` under the node lock unless a finished build exists; import it if asked."""
+    if verbose is None:
+        verbose = os.environ.get("SYNCTRAIN_EXTENSIONS_VERBOSE", "0") == "1"
+    failed_marker = spec.build_dir.parent / f"{spec.name}.failed"
+    waited_since = time.time()
+    t0 = time.monotonic()
+    with _NodeLock(spec.build_dir.parent / f"{spec.name}.lock", LOCK_TIMEOUT_S):
+        if spec.ok_marker.exists() and spec.library.exists():
+            _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=False,
+                               seconds=time.monotonic() - t0)
+            return _import_library(spec) if import_module else None
+        if failed_marker.exists() and failed_marker.stat().st_mtime >= waited_since:
+            # Another process failed while we waited for the lock: same sources, same error.
+            raise ExtensionBuildError(failed_marker.read_text())
+        check_build_tools(spec)
+        try:
+            module = _compile(spec, verbose, import_module)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context for every waiting rank
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            message = (f"Building the SyncBN extension {spec.name} in {spec.build_dir} failed:\n"
+                       f"{detail[-6000:]}\nRerun with SYNCTRAIN_EXTENSIONS_VERBOSE=1 for the full "
+                       "compiler output.")
+            failed_marker.write_text(message)
+            raise ExtensionBuildError(message) from exc
+        spec.ok_marker.write_text(f"{spec.name}\n")
+        failed_marker.unlink(missing_ok=True)
+        _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=True,
+                           seconds=time.monotonic() - t0)
+        return module
+
+
+def load_extension(with_cuda: bool | None = None) -> ModuleType:
+    """The compiled SyncBN ops for this machine (built on first use, then cached per process)."""
+    spec = make_spec(with_cuda=with_cuda)
+    module = _LOADED.get(spec.name)
+    if module is None:
+        # Fast path: a finished build needs neither the lock nor ninja nor a compiler.
+        if spec.ok_marker.exists() and spec.library.exists():
+            module = _import_library(spec)
+            _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=False, seconds=0.0)
+        else:
+            module = build(spec)
+        _LOADED[spec.name] = module
+    return module
+
+
+def last_build_info() -> dict[str, object]:
+    """What the last load/build in this process did: name, build_dir, compiled (bool), seconds."""
+    return dict(_LAST_BUILD)
