@@ -56,6 +56,11 @@ def run_group(
     `fn` must be a module-level function (spawned children import it). Raises AssertionError with every
     failing rank's traceback, or when a child is still running after `join_timeout_s`.
     """
+    # Build (or load) the kernel extension here first, under pytest's own timeout: a first-time compile
+    # inside the children would eat into the join deadline; afterwards they only import the cache.
+    from src.syncbn.functions import kernel_ops
+
+    kernel_ops()
     tmp_path.mkdir(parents=True, exist_ok=True)
     torch.save(payload, tmp_path / "payload.pt")
     ctx = mp.get_context("spawn")
