@@ -1,0 +1,144 @@
+"""Every conf/model and conf/norm file loads into the schema, validates, builds; bad configs fail clearly."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torchvision.models import get_model_weights
+
+from src.models import MODEL_NAMES, ModelConfig, NormConfig, build_model, model_task
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
+NORM_FILES = sorted((CONF / "norm").glob("*.yaml"))
+# Forward passes only for the small networks; the big ones are built on the meta device and their
+# parameter counts compared with torchvision's published numbers (exact integers).
+SMALL = {"resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet50",
+         "deeplabv3_resnet18", "deeplabv3plus_resnet18"}
+
+
+def load(schema: type, path: Path) -> object:
+    """A yaml file merged into its structured schema, as Hydra does (unknown keys / wrong types raise)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path)))
+
+
+def test_required_options_exist() -> None:
+    names = {p.stem for p in MODEL_FILES}
+    required = {"resnet20", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+                "deeplabv3_resnet18", "deeplabv3_resnet50", "deeplabv3_resnet101", "deeplabv3plus_resnet18",
+                "deeplabv3plus_resnet50"}
+    assert required <= names
+    assert {p.stem for p in NORM_FILES} == {"bn", "syncbn", "torch_syncbn", "gn", "frozen_bn"}
+
+
+@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+def test_model_yaml_builds(path: Path) -> None:
+    cfg = load(ModelConfig, path)
+    assert cfg.name == path.stem  # file name = model name, so `model=<file>` reads as the model
+    cfg.validate()
+    task = model_task(cfg)
+    num_classes = 21 if task == "segmentation" else 10
+    if cfg.name in SMALL:
+        model = build_model(cfg, NormConfig(), num_classes).eval()
+        size = 32 if cfg.name.startswith("resnet") and int(cfg.name[6:]) in (20, 32, 44, 56, 110) else 48
+        with torch.no_grad():
+            out = model(torch.randn(2, 3, size, size + 8))
+        if task == "classification":
+            assert out.shape == (2, num_classes)
+        else:
+            assert out["out"].shape == (2, num_classes, size, size + 8)
+            assert ("aux" in out) == (cfg.aux_loss_weight > 0)
+        return
+    with torch.device("meta"):
+        model = build_model(cfg, NormConfig(), 1000 if task == "classification" else 21)
+    count = sum(p.numel() for p in model.parameters())
+    if cfg.name.startswith("deeplabv3plus"):
+        assert count > 0  # no published reference; shapes are tested on ResNet-18 in test_deeplab.py
+        return
+    if cfg.name == "deeplabv3_resnet34":  # torchvision has no such model: nothing to compare with
+        return
+    # torchvision's deeplabv3_* weights include the aux head and 21 classes (counts don't depend on OS).
+    assert task == "classification" or cfg.aux_loss_weight > 0
+    expected = get_model_weights(cfg.name).DEFAULT.meta["num_params"]
+    assert count == expected, f"{cfg.name}: {count} parameters, torchvision says {expected}"
+
+
+@pytest.mark.parametrize("path", NORM_FILES, ids=lambda p: p.stem)
+def test_norm_yaml_validates(path: Path) -> None:
+    cfg = load(NormConfig, path)
+    assert cfg.name == path.stem
+    cfg.validate(device=None)
+
+
+def test_every_model_name_has_a_task() -> None:
+    for name in MODEL_NAMES:
+        expected = "segmentation" if name.startswith("deeplab") else "classification"
+        assert model_task({"name": name}) == expected
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"name": "resnet21"}, "model.name must be one of"),
+    ({"output_stride": 32}, "model.output_stride must be 8 or 16, got 32"),
+    ({"aux_loss_weight": -1.0}, "model.aux_loss_weight must be a finite number >= 0"),
+    ({"aux_loss_weight": 0.4}, "model.aux_loss_weight applies only to segmentation models"),
+    ({"cifar_shortcut": "C"}, "model.cifar_shortcut must be A or B"),
+    ({"head_channels": 0}, "model.head_channels must be >= 1"),
+    ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
+    ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
+])
+def test_bad_model_config(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**overrides).validate()
+    with pytest.raises(ValueError, match=message):  # build_model validates too
+        build_model(overrides, {}, 10)
+
+
+def test_weights_and_backbone_weights_exclusive(tmp_path: Path) -> None:
+    f = tmp_path / "w.pth"
+    torch.save({}, f)
+    with pytest.raises(ValueError, match="model.weights .* and model.backbone_weights are both set"):
+        ModelConfig(name="resnet18", weights=str(f), backbone_weights=str(f)).validate()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"name": "batchnorm"}, "norm.name must be one of bn, syncbn, torch_syncbn, gn, frozen_bn"),
+    ({"eps": 0.0}, "norm.eps must be a positive number"),
+    ({"momentum": 1.5}, r"norm.momentum must be in \[0, 1\] or null"),
+    ({"num_groups": 0}, "norm.num_groups must be >= 1"),
+])
+def test_bad_norm_config(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        NormConfig(**overrides).validate()
+
+
+def test_momentum_none_is_valid() -> None:
+    NormConfig(momentum=None).validate()
+    model = build_model({"name": "resnet20"}, {"momentum": None}, 10)
+    assert all(m.momentum is None for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+
+
+def test_torch_syncbn_refused_on_cpu() -> None:
+    with pytest.raises(ValueError, match="norm=torch_syncbn needs CUDA GPUs and the NCCL backend; on CPU use "
+                                         "norm=syncbn"):
+        NormConfig(name="torch_syncbn").validate(device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="norm=torch_syncbn needs CUDA GPUs"):
+            NormConfig(name="torch_syncbn").validate()
+
+
+def test_unknown_keys_rejected() -> None:
+    with pytest.raises(ValueError, match=r"unknown model config key\(s\) \['outputstride'\]"):
+        build_model({"name": "deeplabv3_resnet18", "outputstride": 8}, {}, 3)
+    with pytest.raises(Exception, match="outputstride"):  # Hydra's schema merge rejects it as well
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), {"outputstride": 8})
+
+
+def test_accepts_dictconfig() -> None:
+    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), {"name": "resnet20"})
+    plain = OmegaConf.create({"name": "gn", "num_groups": 8})
+    model = build_model(cfg, plain, 7)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
+    with pytest.raises(ValueError, match="num_classes must be an int >= 1"):
+        build_model(cfg, plain, 0)
