@@ -38,8 +38,10 @@ def kernel_memory_format(x: torch.Tensor) -> torch.memory_format:
         return torch.channels_last_3d
     # Sliced / permuted input: densify in the layout its strides resemble, so a channels_last
     # slice stays channels_last (what nn.BatchNorm's own kernels do via suggest_memory_format).
-    from torch._prims_common import suggest_memory_format
-
+    try:
+        from torch._prims_common import suggest_memory_format  # PyTorch's own rule, private module
+    except ImportError:  # pragma: no cover - a future PyTorch moved it: standard layout is always valid
+        return torch.contiguous_format
     return suggest_memory_format(x)
 
 

@@ -201,3 +201,34 @@ def test_eval_without_running_stats_uses_batch_stats(device: str) -> None:
     ours.eval()
     ref.eval()
     _assert_same_step(ours, ref, torch.randn(2, 3, 4, 4, device=device), F32_TOL)
+
+
+def test_under_cpu_autocast_like_batchnorm() -> None:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    ours, ref = nn.Sequential(conv, SyncBatchNorm2d(4)), nn.Sequential(conv, nn.BatchNorm2d(4))
+    x = torch.randn(2, 3, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = ours(x), ref(x)
+    assert ya.dtype == yb.dtype == torch.bfloat16
+    # same bf16 conv output in both; BN maths in fp32, result rounded to bf16 (2 ulps, see above)
+    torch.testing.assert_close(ya, yb, atol=1e-3, rtol=2.0**-7)
+    torch.testing.assert_close(ours[1].running_var, ref[1].running_var, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_training_step_never_syncs_with_the_host_on_cuda() -> None:
+    from src.syncbn.functions import kernel_ops
+
+    kernel_ops()  # loading the extension may synchronise; the step itself must not
+    layer = SyncBatchNorm2d(8, momentum=None, device="cuda")  # cumulative average: read on the device
+    x = torch.randn(4, 8, 5, 5, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
+    g = torch.randn(4, 8, 5, 5, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host<->device synchronisation raises
+    try:
+        for _ in range(2):
+            layer(x).backward(g)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert layer.num_batches_tracked.item() == 2
