@@ -42,15 +42,20 @@ def as_config(cfg: ConfigLike, schema: type[T]) -> T:
 def model_task(model_cfg: ConfigLike) -> str:
     """"classification" or "segmentation" for a model config."""
     cfg = as_config(model_cfg, ModelConfig)
-    cfg.validate()
+    cfg.validate(check_files=False)
     return "segmentation" if cfg.name in SEGMENTATION_MODELS else "classification"
 
 
-def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int) -> nn.Module:
+def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *,
+                weights_files: bool = True) -> nn.Module:
     """The configured network, on CPU, initialised only from torch's global RNG (same seed -> same weights on
-    every rank), with norm_cfg's layer in every norm position and the configured weights files loaded."""
+    every rank), with norm_cfg's layer in every norm position and the configured weights files loaded.
+
+    weights_files=False skips model.weights / model.backbone_weights (and their existence check): for
+    callers that load a checkpoint right after (evaluation, resume), where those files may be long gone.
+    """
     mcfg, ncfg = as_config(model_cfg, ModelConfig), as_config(norm_cfg, NormConfig)
-    mcfg.validate()
+    mcfg.validate(check_files=weights_files)
     # Hardware needs of torch_syncbn are checked by the app's config validation (NormConfig.validate with
     # the run's device); building one on a CPU-only machine stays possible (inspection, conversion).
     ncfg.validate(device=None)
@@ -68,10 +73,10 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int) -
                               head_channels=mcfg.head_channels, zero_init_residual=mcfg.zero_init_residual)
     model = finalize_norms(model, ncfg)
     # Weights are loaded after the norm conversion: bn / syncbn / frozen_bn share state_dict keys.
-    if mcfg.backbone_weights:
+    if weights_files and mcfg.backbone_weights:
         target = model.backbone if name in SEGMENTATION_MODELS else model
         load_weights(target, mcfg.backbone_weights, strict=mcfg.weights_strict, ignore_prefixes=("fc.",),
                      what="model.backbone_weights")
-    if mcfg.weights:
+    if weights_files and mcfg.weights:
         load_weights(model, mcfg.weights, strict=mcfg.weights_strict, what="model.weights")
     return model

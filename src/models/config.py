@@ -45,8 +45,8 @@ class ModelConfig:
     # strict=true: every key and shape must match; false: load what matches and log what was skipped.
     weights_strict: bool = True
 
-    def validate(self) -> None:
-        """Raise ValueError naming the bad key and how to fix it."""
+    def validate(self, check_files: bool = True) -> None:
+        """Raise ValueError naming the bad key and how to fix it; check_files: the weights files must exist."""
         if self.name not in MODEL_NAMES:
             raise ValueError(f"model.name must be one of {', '.join(MODEL_NAMES)}; got {self.name!r} "
                              "(pick a file from conf/model/, e.g. model=resnet20)")
@@ -66,7 +66,7 @@ class ModelConfig:
         if self.weights and self.backbone_weights:
             raise ValueError("model.weights (whole model) and model.backbone_weights are both set; "
                              "keep one: model.backbone_weights=null when model.weights is given")
-        for key in ("weights", "backbone_weights"):
+        for key in ("weights", "backbone_weights") if check_files else ():
             path = getattr(self, key)
             if path and not os.path.isfile(os.path.expanduser(path)):
                 raise ValueError(f"model.{key}: no file at {path!r}. Nothing is downloaded (offline); copy the "

@@ -86,3 +86,12 @@ def test_missing_file_and_non_state_dict(tmp_path: Path) -> None:
     torch.save([1, 2, 3], path)
     with pytest.raises(ValueError, match="holds no state_dict"):
         build_model({"name": "resnet20", "weights": str(path)}, {}, 10)
+
+
+def test_weights_files_false_skips_files_that_are_gone(tmp_path: Path) -> None:
+    """Evaluation / resume rebuild the model from a stored config and then load the checkpoint."""
+    cfg = {"name": "resnet20", "weights": str(tmp_path / "moved_away.pth")}
+    with pytest.raises(ValueError, match="model.weights: no file at"):
+        build_model(cfg, {}, 10)
+    model = build_model(cfg, {}, 10, weights_files=False)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
