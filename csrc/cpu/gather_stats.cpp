@@ -1,11 +1,12 @@
 // batch_norm_gather_stats: Chan merge of the gathered per-rank [count, mean, M2] rows and the
 // running-statistics update. Works on C values, so it is plain scalar code.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
 
-#include "../syncbn.h"
+#include "cpu_ops.h"
 #include "layout.h"
 
 namespace syncbn::cpu {
@@ -56,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
     mu[c] = mc;
     m2[c] = q;
   }
-  at::Tensor invstd_d = (m2_d / n + eps).rsqrt();
+  at::Tensor invstd_d = m2_d.div(n).add(eps).rsqrt();
   mean.copy_(mean_d);
   invstd.copy_(invstd_d);
 
@@ -76,9 +77,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
       TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
       f = 1.0 / static_cast<double>(k);
     }
-    at::Tensor unbiased = m2_d / (n - 1.0);
-    running_mean->mul_(1.0 - f).add_((mean_d * f).to(running_mean->scalar_type()));
-    running_var->mul_(1.0 - f).add_((unbiased * f).to(running_var->scalar_type()));
+    at::Tensor unbiased = m2_d.div(n - 1.0);
+    running_mean->mul_(1.0 - f).add_(mean_d.mul(f).to(running_mean->scalar_type()));
+    running_var->mul_(1.0 - f).add_(unbiased.mul(f).to(running_var->scalar_type()));
   }
   return {mean, invstd, count};
 }

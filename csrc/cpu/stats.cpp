@@ -4,7 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
 
-#include "../syncbn.h"
+#include "cpu_ops.h"
 #include "layout.h"
 #include "vec_io.h"
 
