@@ -29,9 +29,30 @@ class PairTransform:
         return f"{type(self).__name__}({self.pipeline!r})"
 
 
+class NormalizeUint8(v2.Transform):
+    """uint8 image -> float32 (x / 255 - mean) / std in one multiply-add; other inputs pass through.
+
+    The same maths as v2.ToDtype(float32, scale=True) followed by v2.Normalize, fused: on 32x32 images
+    the two v2 calls cost ~60 us per sample (dispatch, not arithmetic), a visible share of a CPU
+    training step; this costs ~10 us.
+    """
+
+    def __init__(self, mean: list[float], std: list[float]) -> None:
+        super().__init__()
+        std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.scale = 1.0 / (255.0 * std_t)
+        self.shift = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1) / std_t
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if isinstance(inpt, tv_tensors.Image) and inpt.dtype == torch.uint8:
+            out = inpt.as_subclass(torch.Tensor).to(torch.float32).mul_(self.scale).sub_(self.shift)
+            return tv_tensors.wrap(out, like=inpt)
+        return inpt
+
+
 def normalize(cfg: DataConfig) -> list[Any]:
-    """uint8 -> float32 in [0, 1], then per-channel normalisation."""
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(cfg.mean), std=list(cfg.std))]
+    """uint8 -> float32 in [0, 1], then per-channel normalisation (fused)."""
+    return [NormalizeUint8(list(cfg.mean), list(cfg.std))]
 
 
 def classification_train_transform(cfg: DataConfig) -> PairTransform:

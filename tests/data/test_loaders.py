@@ -107,3 +107,18 @@ def test_padding_of_segmentation_crops_uses_ignore_index() -> None:
     assert pad.float().mean().item() == pytest.approx(1 - (32 * 32) / (48 * 48))
     # Padded image pixels are 0 before normalisation, i.e. -mean/std after it.
     assert torch.allclose(x[:, pad], torch.full_like(x[:, pad], -0.5 / 0.25))
+
+
+def test_fused_normalisation_matches_torchvision() -> None:
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    from src.data.transforms import NormalizeUint8
+
+    x = tv_tensors.Image(torch.randint(0, 256, (3, 9, 7), dtype=torch.uint8))
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    ref = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(x))
+    got, mask = NormalizeUint8(mean, std)(x, tv_tensors.Mask(torch.zeros(9, 7, dtype=torch.uint8)))
+    # float32 rounding of two formulations of the same affine map: a few ulps of values up to ~2.6.
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
+    assert isinstance(got, tv_tensors.Image) and mask.dtype == torch.uint8
