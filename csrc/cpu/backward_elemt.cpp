@@ -91,7 +91,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
   TORCH_CHECK(count.defined() && count.numel() == 1, op,
               ": count must be a tensor holding one value (the global element count per channel)");
   const double n = count.to(at::kDouble).item<double>();
-  if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, input.suggest_memory_format());
+  if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, at::MemoryFormat::Preserve);
 
   at::Tensor grad_in = empty_like_input(input, lay);
   const std::vector<double> mu = to_double_vector(mean);

@@ -66,9 +66,9 @@ std::vector<double> to_double_vector(const at::Tensor& t) {
 }
 
 at::Tensor empty_like_input(const at::Tensor& input, const InputLayout& lay) {
-  // suggest_memory_format keeps the format tag (e.g. channels_last for C == 1); if that would not
-  // share the input's physical layout, fall back to the format the kernel interpreted.
-  at::Tensor out = at::empty_like(input, input.suggest_memory_format());
+  // Preserve copies a dense input's exact strides (so channels_last stays channels_last even where
+  // the format is ambiguous: C == 1, H == W == 1, empty); fall back to the format we interpreted.
+  at::Tensor out = at::empty_like(input, at::MemoryFormat::Preserve);
   if (!out.is_contiguous(lay.format)) out = at::empty_like(input, lay.format);
   return out;
 }

@@ -154,7 +154,9 @@ def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) 
         cuda_cflags = ["-O3", "-DSYNCBN_WITH_CUDA"]
         arch = cuda_arch_list()
         env["TORCH_CUDA_ARCH_LIST"] = arch
-    headers = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cuh", ".hpp"))
+    # Only headers this variant compiles against: CUDA-side edits must not rebuild the CPU variant.
+    headers = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cuh", ".hpp")
+                     and (with_cuda or "cuda" not in p.relative_to(CSRC).parts))
     digest = hashlib.sha256()
     for p in sorted(set(sources)) + headers:
         digest.update(str(p.relative_to(CSRC)).encode())
@@ -261,6 +263,29 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
                 os.environ[k] = v
 
 
+def _prune_stale_variants(spec: BuildSpec) -> None:
+    """Delete older builds of the same variant (other hashes) that no process is building now."""
+    prefix = spec.name.rsplit("_", 1)[0] + "_"
+    for lock in spec.build_dir.parent.glob(f"{prefix}*.lock"):
+        name = lock.name[: -len(".lock")]
+        if name == spec.name:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # busy -> someone is building it: keep
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        # A process that already imported an old library keeps its mapping; deleting is safe.
+        shutil.rmtree(lock.parent / name, ignore_errors=True)
+        (lock.parent / f"{name}.failed").unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
 def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None = None) -> ModuleType | None:
     """Build `spec` under the node lock unless a finished build exists; import it if asked."""
     if verbose is None:
@@ -288,6 +313,7 @@ def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None =
             raise ExtensionBuildError(message) from exc
         spec.ok_marker.write_text(f"{spec.name}\n")
         failed_marker.unlink(missing_ok=True)
+        _prune_stale_variants(spec)
         _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=True,
                            seconds=time.monotonic() - t0)
         return module

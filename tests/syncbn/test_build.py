@@ -1,0 +1,141 @@
+"""The extension build: AOT entry point reused by the JIT loader, missing-tool errors, one compiler
+per node, failed builds raising everywhere.
+
+Compiling the real extension costs minutes of CPU, so it is compiled at most once per session (the
+cached loader); the locking tests build a tiny pybind11 module through the same `build()` path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from src.syncbn import extension
+
+REPO = Path(extension.__file__).resolve().parents[2]
+TIMEOUT_S = 600  # a cold compile on a busy 2-core machine; a hang fails instead of blocking CI
+
+TINY_SOURCE = """
+#include <pybind11/pybind11.h>
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", [] { return 42; }); }
+"""
+BROKEN_SOURCE = TINY_SOURCE.replace("return 42;", "return 42")  # missing ';': a compile error
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter at the repo root (one thread: the machine is shared)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def built_extension():
+    """The real extension in the default cache (compiled here only if no test built it yet)."""
+    return extension.load_extension()
+
+
+def test_aot_entry_point_and_jit_loader_reuse_the_build(built_extension):
+    aot = subprocess.run([sys.executable, "-m", "src.syncbn.build"], cwd=REPO, capture_output=True,
+                         text=True, timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert aot.returncode == 0, aot.stderr
+    spec = extension.make_spec()
+    assert f"up to date: {spec.build_dir}" in aot.stdout, aot.stdout
+    # A fresh process loads the same library without compiling (and without ninja on PATH).
+    code = ("import json; from src.syncbn.extension import load_extension, last_build_info;"
+            "m = load_extension(); print(json.dumps(last_build_info())); print(m.__file__)")
+    out = run_python(code, env={"PATH": os.path.dirname(sys.executable) + "/../nonexistent"})
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout.splitlines()[0])
+    assert info["compiled"] is False and info["name"] == spec.name
+    assert out.stdout.splitlines()[1] == str(spec.library)
+
+
+def test_cpu_and_cuda_variants_never_share_a_cache_entry():
+    if not extension.cuda_sources():
+        pytest.skip("no CUDA sources yet")
+    cpu, cuda = extension.make_spec(with_cuda=False), extension.make_spec(with_cuda=True)
+    assert cpu.name.startswith("syncbn_cpu_") and cuda.name.startswith("syncbn_cuda_")
+    assert cpu.build_dir != cuda.build_dir and "-DSYNCBN_WITH_CUDA" not in cpu.cflags
+    assert cuda.cuda_arch_list  # pinned into the key, so an AOT build for 9.0 is found on a 9.0 GPU
+
+
+def test_each_cpu_capability_has_its_own_variant():
+    names = {extension.make_spec(with_cuda=False, cpu_capability=c).name for c in extension.CPU_CAPABILITIES}
+    assert len(names) == len(extension.CPU_CAPABILITIES)
+
+
+def _tool_dir(tmp_path: Path, tools: list[str]) -> str:
+    """A PATH entry holding only `tools` (symlinks to the real ones)."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for tool in tools:
+        real = shutil.which(tool)
+        if real is None:
+            pytest.skip(f"{tool} is not installed here")
+        (d / tool).symlink_to(real)
+    return str(d)
+
+
+@pytest.mark.parametrize("present,missing,hint", [
+    (["c++"], "needs ninja", "pip install ninja"),
+    (["ninja"], "needs a C++ compiler", "apt-get install g++"),
+])
+def test_missing_build_tool_is_a_clear_error(tmp_path, present, missing, hint):
+    env = {"PATH": _tool_dir(tmp_path, present), "SYNCTRAIN_EXTENSIONS_DIR": str(tmp_path / "cache")}
+    env_clean = {k: v for k, v in os.environ.items() if k != "CXX"}
+    out = subprocess.run(
+        [sys.executable, "-c", "from src.syncbn.extension import load_extension; load_extension(with_cuda=False)"],
+        cwd=REPO, env={**env_clean, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
+        timeout=TIMEOUT_S)
+    assert out.returncode != 0
+    assert "ExtensionBuildError" in out.stderr and missing in out.stderr and hint in out.stderr, out.stderr
+
+
+def _tiny_build_code(source: Path, cache: Path) -> str:
+    return f"""
+import json
+from pathlib import Path
+from src.syncbn import extension
+spec = extension.BuildSpec(name="syncbn_test_tiny", build_dir=Path({str(cache)!r}) / "syncbn_test_tiny",
+    sources=({str(source)!r},), cflags=("-O0",), cuda_cflags=(), ldflags=(), with_cuda=False,
+    cpu_capability="default", cuda_arch_list=None)
+m = extension.build(spec)
+print(json.dumps({{"compiled": extension.last_build_info()["compiled"], "answer": m.answer()}}))
+"""
+
+
+def _run_concurrently(code: str, n: int = 2) -> list[subprocess.CompletedProcess]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=TIMEOUT_S)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return results
+
+
+def test_concurrent_loads_build_once(tmp_path):
+    source = tmp_path / "tiny.cpp"
+    source.write_text(TINY_SOURCE)
+    results = _run_concurrently(_tiny_build_code(source, tmp_path / "cache"))
+    for r in results:
+        assert r.returncode == 0, r.stderr
+    infos = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
+    assert [i["answer"] for i in infos] == [42, 42]
+    assert sorted(i["compiled"] for i in infos) == [False, True]  # exactly one process compiled
+
+
+def test_failed_build_raises_on_every_process(tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text(BROKEN_SOURCE)
+    results = _run_concurrently(_tiny_build_code(source, tmp_path / "cache"))
+    for r in results:
+        assert r.returncode != 0
+        assert "ExtensionBuildError" in r.stderr and "Building the SyncBN extension syncbn_test_tiny" in r.stderr, r.stderr
