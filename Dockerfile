@@ -33,12 +33,16 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 # container has one purpose, so installing into it is what we want.
 # TORCH_CUDA_ARCH_LIST stays set at run time so that a rebuild inside the container (new sources)
 # targets the same GPUs; SYNCTRAIN_EXTENSIONS_DIR is where src.syncbn looks for the compiled kernels.
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: without it, workers that torchrun restarts (--max-restarts)
+# fail to create their process group with torch 2.14 (stale addresses in the shared rendezvous
+# store; docs/clusters.md, section 4).
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
-    SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions
+    SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 # Ubuntu 24.04 images ship a user "ubuntu" with UID/GID 1000; free the requested ids first so that
 # our user gets exactly them.
@@ -70,10 +74,11 @@ COPY --chown=${USER_UID}:${USER_GID} . .
 USER ${APP_USER}
 
 # Compile the SyncBN kernels now (C++ and CUDA; nvcc needs no GPU) into SYNCTRAIN_EXTENSIONS_DIR,
-# so workers load them at start-up instead of compiling on every node of every job. The cache is
-# made writable for any user, because torch's loader takes a lock file in it on every load and
-# `docker run --user` may run as another uid.
-RUN python -m src.syncbn.build --cuda \
+# so workers load them at start-up instead of compiling on every node of every job. Every CPU
+# variant (default, AVX2, AVX-512): the loader picks the one matching the CPU it runs on, which is
+# not necessarily the build machine's. The cache is made writable for any user: a rebuild (other
+# sources or GPU architectures) and its lock file must work under `docker run --user` too.
+RUN python -m src.syncbn.build --cuda --cpu-capability all \
     && chmod -R a+rwX "${SYNCTRAIN_EXTENSIONS_DIR}"
 
 # torchrun, so that `docker run IMAGE <torchrun arguments> train.py <overrides>` is the same command

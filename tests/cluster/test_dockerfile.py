@@ -107,6 +107,8 @@ def test_extension_is_built_ahead_of_time(instructions: list[Instruction]) -> No
     assert builds, "no RUN python -m src.syncbn.build: workers would compile the kernels at start-up"
     build = builds[0]
     assert "--cuda" in build.args.split(), "the AOT build must compile the CUDA sources (--cuda): no GPU at build time"
+    assert re.search(r"--cpu-capability[= ]all\b", build.args), (
+        "build every CPU variant (--cpu-capability all): the image runs on CPUs other than the build host's")
     defaults = arg_defaults([i for i in instructions if i.line < build.line])
     assert defaults.get("TORCH_CUDA_ARCH_LIST"), "ARG TORCH_CUDA_ARCH_LIST with a default must precede the build"
     for arch in defaults["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split():
@@ -133,6 +135,12 @@ def test_entrypoint_is_torchrun(instructions: list[Instruction]) -> None:
     assert "train.py" in cmds[-1].exec_form(), "the default CMD should run train.py"
 
 
+def test_restarted_workers_get_a_fresh_rendezvous_store(instructions: list[Instruction]) -> None:
+    # torchrun --max-restarts inside the image: see scripts/launch_multinode.sh for why.
+    env = " ".join(i.args for i in instructions if i.keyword == "ENV")
+    assert re.search(r"(^|\s)TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1(\s|$)", env), env
+
+
 def test_copied_paths_exist(instructions: list[Instruction]) -> None:
     for ins in instructions:
         if ins.keyword != "COPY" or "--from" in ins.args:
@@ -148,7 +156,7 @@ def test_aot_build_entry_point_takes_cuda_flag() -> None:
     proc = subprocess.run([sys.executable, "-m", "src.syncbn.build", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"python -m src.syncbn.build --help failed:\n{proc.stderr[-2000:]}"
-    assert "--cuda" in proc.stdout, proc.stdout
+    assert "--cuda" in proc.stdout and "--cpu-capability" in proc.stdout, proc.stdout
 
 
 # --- build context -----------------------------------------------------------------------------

@@ -143,3 +143,16 @@ def test_sbatch_directives() -> None:
                   if line.startswith("#SBATCH ")]
     assert "--ntasks-per-node=1" in directives, "torchrun (one per node) starts the workers, not srun"
     assert any(d.startswith("--output=") for d in directives)
+
+
+def test_launcher_gives_each_restart_a_fresh_rendezvous_store(tmp_path: Path) -> None:
+    # torch 2.14's torchrun shares one TCPStore across restarts without a per-restart prefix, and
+    # the restarted workers then fail to create their process group (test_fault_tolerance.py runs
+    # the real thing). The launcher must opt out of that sharing unless told otherwise.
+    fake = tmp_path / "torchrun"
+    fake.write_text('#!/usr/bin/env bash\necho "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}"\n')
+    fake.chmod(0o755)
+    proc = subprocess.run([str(LAUNCHER), "hydra.run.dir=/x"], env=_env(TORCHRUN=str(fake)),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
