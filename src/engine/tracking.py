@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class Tracker:
-    """Appends {split, epoch, step, **metrics} rows to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends {split, epoch, step, **metrics, time} rows to metrics.jsonl and mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool) -> None:
         self.enabled = enabled
@@ -33,7 +34,8 @@ class Tracker:
         """One metrics.jsonl row, and `split/name` scalars at `step` in TensorBoard."""
         if not self.enabled:
             return
-        row = {"split": split, "epoch": epoch, "step": step, **{k: _json_number(v) for k, v in metrics.items()}}
+        row = {"split": split, "epoch": epoch, "step": step, **{k: _json_number(v) for k, v in metrics.items()},
+               "time": round(time.time(), 3)}  # wall clock: throughput between any two rows, incl. overheads
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         if self.writer is not None:
