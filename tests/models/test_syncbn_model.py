@@ -36,7 +36,11 @@ def test_syncbn_deeplab_on_two_processes_matches_bn_on_one(tmp_path: Path) -> No
     bn.load_state_dict(sync.state_dict())
     x = torch.randn(4, 3, 32, 32, dtype=torch.float64)
     sync.eval()(x[:1])  # loads (building if needed) the kernel extension here, so the children import it
-    sync.train()
+    for model in (sync, bn):  # norms in training mode, dropout (ASPP, FCN head) off: no randomness
+        model.train()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.eval()
     ranks = run_group(2, _rank_step, {"model": sync, "x": x}, tmp_path)
     out = bn(x)
     (out["out"].sum() + out["aux"].sum()).backward()
