@@ -54,7 +54,11 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')
 fi
 export TORCH_CUDA_ARCH_LIST
-export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
+if [ -z "${CUDA_HOME:-}" ]; then  # a toolkit root with headers (nvcc on PATH may be a wrapper script)
+  for d in "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /nonexistent)")")")" /usr/local/cuda; do
+    if [ -x "$d/bin/nvcc" ] && [ -f "$d/include/cuda_runtime.h" ]; then export CUDA_HOME=$d; break; fi
+  done
+fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export SYNCTRAIN_EXTENSIONS_DIR=${SYNCTRAIN_EXTENSIONS_DIR:-$PWD/build/torch_extensions}
 B0=$(date +%s)
