@@ -21,7 +21,7 @@ def layer4(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return IntermediateLayerGetter(model, {"layer4": "out"})(x)["out"]
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet34", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])  # basic block and bottleneck
 @pytest.mark.parametrize(("dilate", "step"), [((False, True, True), 4), ((False, False, True), 2)])
 def test_dilated_equals_strided_subsampled(name: str, dilate: tuple, step: int) -> None:
     strided = getattr(tv_resnet, name)(weights=None).eval()
