@@ -7,8 +7,8 @@ layout (NCHW, channels_last) and dtype (float32, bfloat16 with fp32 parameters a
                 elemt; backward_reduce, backward_elemt)
   ours_module   src.syncbn.SyncBatchNorm2d forward/backward through autograd
   torch_kernels the torch.batch_norm_* kernels chained as nn.SyncBatchNorm does (batch_norm_stats,
-                batch_norm_gather_stats_with_counts, batch_norm_elemt; batch_norm_backward_reduce,
-                batch_norm_backward_elemt), without its host-side count mask
+                packing, batch_norm_gather_stats_with_counts, batch_norm_elemt; batch_norm_backward_reduce,
+                packing, batch_norm_backward_elemt), without its host-side mask of empty ranks (a sync)
   cudnn         F.batch_norm(training=True) forward/backward through autograd
 Times are medians of per-iteration CUDA-event timings after warm-up. Effective bandwidth counts the
 minimum traffic of the two-pass algorithm: forward reads x twice and writes y (3 tensors), forward +
@@ -78,20 +78,24 @@ def make_impls(ops, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor, bia
         reduced = ops.batch_norm_backward_reduce(dy, x, mean, invstd)
         return y, ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
 
-    count_t = torch.full((1,), x.numel() // c, dtype=torch.float32, device="cuda")
-
     def torch_fwd():
+        # nn.SyncBatchNorm.forward's kernels and packing (the all_gather and its host-side mask of
+        # empty ranks left out: identity on one process, and the mask would only add a sync).
         mean, invstd = torch.batch_norm_stats(x, EPS)
+        count = torch.full((1,), x.numel() // c, dtype=mean.dtype, device=mean.device)
+        combined = torch.cat([mean, invstd, count], dim=0).view(1, -1)
+        mean_all, invstd_all, count_all = torch.split(combined, c, dim=1)
         mean, invstd = torch.batch_norm_gather_stats_with_counts(
-            x, mean.view(1, -1), invstd.view(1, -1), rm, rv, MOMENTUM, EPS, count_t)
-        return torch.batch_norm_elemt(x, weight, bias, mean, invstd, EPS), mean, invstd
-
-    count_i = count_t.to(torch.int32)
+            x, mean_all, invstd_all, rm, rv, MOMENTUM, EPS, count_all.view(-1))
+        return torch.batch_norm_elemt(x, weight, bias, mean, invstd, EPS), mean, invstd, count_all
 
     def torch_fwd_bwd():
-        y, mean, invstd = torch_fwd()
+        y, mean, invstd, count_all = torch_fwd()
         sum_dy, sum_dy_xmu, _, _ = torch.batch_norm_backward_reduce(dy, x, mean, invstd, weight, True, True, True)
-        return y, torch.batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count_i)
+        combined = torch.cat([sum_dy, sum_dy_xmu], dim=0)  # packed for the all_reduce
+        sum_dy, sum_dy_xmu = torch.split(combined, c)
+        count_tensor = count_all.view(-1).to(torch.int32)
+        return y, torch.batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count_tensor)
 
     module = SyncBatchNorm2d(c, eps=EPS, momentum=MOMENTUM).cuda()
     with torch.no_grad():
@@ -104,15 +108,16 @@ def make_impls(ops, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor, bia
         with torch.no_grad():
             return module(x)
 
+    # autograd.grad, not .backward(): accumulating into .grad would add an x-sized kernel per step.
     def module_fwd_bwd():
-        module(x_req).backward(dy)
+        return torch.autograd.grad(module(x_req), (x_req, module.weight, module.bias), dy)
 
     def cudnn_fwd():
         with torch.no_grad():
             return F.batch_norm(x, rm, rv, weight, bias, True, MOMENTUM, EPS)
 
     def cudnn_fwd_bwd():
-        F.batch_norm(x_req, rm, rv, w_req, b_req, True, MOMENTUM, EPS).backward(dy)
+        return torch.autograd.grad(F.batch_norm(x_req, rm, rv, w_req, b_req, True, MOMENTUM, EPS), (x_req, w_req, b_req), dy)
 
     return {
         "ours_ops": (ours_fwd, ours_fwd_bwd),

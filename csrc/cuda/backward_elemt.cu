@@ -46,27 +46,28 @@ __device__ __forceinline__ acc_t inverse_count(const double* count) {
 
 template <typename T, typename P, int VEC>
 __global__ void __launch_bounds__(kThreads) backward_elemt_channels_first_kernel(
-    BackwardArgs<T, P, at::opmath_type<T>> p, int64_t N, int64_t C, int64_t S, int splits) {
+    BackwardArgs<T, P, at::opmath_type<T>> p, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk) {
   using acc_t = at::opmath_type<T>;
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
   const int64_t sv = S / VEC;
   acc_t mu, a, mdy, k;
   channel_coefficients(p, C, c, inverse_count<acc_t>(p.count), mu, a, mdy, k);
-  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+  const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
+  for (int64_t n = r.n0; n < N; n += r.n_step) {
     const int64_t plane = (n * C + c) * S;
-    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+    for (int64_t s = r.s0; s < r.s1; s += int64_t(kUnroll) * bx) {
       Vec<T, VEC> g[kUnroll], v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (s + u * bx < sv) {
+        if (s + u * bx < r.s1) {
           g[u] = load_vec<T, VEC>(p.dy + plane + (s + u * bx) * VEC);
           v[u] = load_vec<T, VEC>(p.x + plane + (s + u * bx) * VEC);
         }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (s + u * bx < sv) {
+        if (s + u * bx < r.s1) {
           Vec<T, VEC> o;
 #pragma unroll
           for (int i = 0; i < VEC; ++i)
@@ -118,7 +119,7 @@ void launch_backward_elemt(const BackwardArgs<T, P, at::opmath_type<T>>& p, cons
   if (l.channels_last)
     backward_elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.rows(), l.c, geo.splits);
   else
-    backward_elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.n, l.c, l.s, geo.splits);
+    backward_elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -41,7 +41,7 @@ __device__ __forceinline__ void store_channel(const ReduceArgs<T>& a, int64_t C,
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    backward_reduce_channels_first_kernel(ReduceArgs<T> a, int64_t N, int64_t C, int64_t S, int splits) {
+    backward_reduce_channels_first_kernel(ReduceArgs<T> a, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk) {
   using acc_t = at::opmath_type<T>;
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
@@ -49,20 +49,21 @@ __global__ void __launch_bounds__(kThreads)
   const acc_t mu = a.mean[c];
   SumPair<acc_t, 1> st;
   st.reset();
-  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+  const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
+  for (int64_t n = r.n0; n < N; n += r.n_step) {
     const int64_t plane = (n * C + c) * S;
-    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+    for (int64_t s = r.s0; s < r.s1; s += int64_t(kUnroll) * bx) {
       Vec<T, VEC> g[kUnroll], v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (s + u * bx < sv) {
+        if (s + u * bx < r.s1) {
           g[u] = load_vec<T, VEC>(a.dy + plane + (s + u * bx) * VEC);
           v[u] = load_vec<T, VEC>(a.x + plane + (s + u * bx) * VEC);
         }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (s + u * bx < sv) {
+        if (s + u * bx < r.s1) {
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             const acc_t dy = acc_t(g[u].val[i]);
@@ -152,7 +153,7 @@ void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, con
   if (l.channels_last)
     backward_reduce_channels_last_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
   else
-    backward_reduce_channels_first_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits);
+    backward_reduce_channels_first_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (geo.splits > 1) {
     const dim3 block(32, kFinalizeWarps);

@@ -37,23 +37,24 @@ __device__ __forceinline__ void channel_affine(const P* weight, const P* bias, c
 
 template <typename T, typename P, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    elemt_channels_first_kernel(ElemtArgs<T, P, at::opmath_type<T>> a, int64_t N, int64_t C, int64_t S, int splits) {
+    elemt_channels_first_kernel(ElemtArgs<T, P, at::opmath_type<T>> a, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk) {
   using acc_t = at::opmath_type<T>;
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
   const int64_t sv = S / VEC;
   acc_t mu, scale, shift;
   channel_affine(a.weight, a.bias, a.mean, a.invstd, c, mu, scale, shift);
-  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+  const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
+  for (int64_t n = r.n0; n < N; n += r.n_step) {
     const int64_t plane = (n * C + c) * S;
-    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+    for (int64_t s = r.s0; s < r.s1; s += int64_t(kUnroll) * bx) {
       Vec<T, VEC> v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (s + u * bx < sv) v[u] = load_vec<T, VEC>(a.x + plane + (s + u * bx) * VEC);
+        if (s + u * bx < r.s1) v[u] = load_vec<T, VEC>(a.x + plane + (s + u * bx) * VEC);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (s + u * bx < sv) {
+        if (s + u * bx < r.s1) {
           Vec<T, VEC> o;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) o.val[i] = T((acc_t(v[u].val[i]) - mu) * scale + shift);
@@ -99,7 +100,7 @@ void launch_elemt(const ElemtArgs<T, P, at::opmath_type<T>>& args, const Layout&
   if (l.channels_last)
     elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
   else
-    elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits);
+    elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -132,32 +132,44 @@ constexpr int64_t kMaxSplits = 65535;
 struct Geometry {
   dim3 grid;
   dim3 block;
-  int splits;  // == grid.y
+  int splits;        // == grid.y: blocks per channel (group of channels)
+  int s_splits = 1;  // channels-first: of those, how many split each plane (S); divides splits
+  int64_t chunk = 0; // channels-first: vectors of a plane per s-split
 };
 
-// Channels-first: one channel per blockIdx.x; a block is bx x by threads over (vectors of a plane, rows n),
-// bx sized so each thread gets ~kUnroll vectors of a plane (at least 8 threads = 128 contiguous bytes per
-// row segment); blockIdx.y splits the N rows so that about `target` blocks run.
+// Channels-first: one channel per blockIdx.x; a block is bx x by threads over (vectors of a plane, planes
+// n), bx sized so each thread gets ~kUnroll vectors of a plane per row (at least 8 threads = 128
+// contiguous bytes per row segment). blockIdx.y splits the N planes and, when that is not enough blocks
+// (small N, large S: segmentation batches), each plane into chunks, so that about `target` blocks run.
 inline Geometry channels_first_geometry(const Layout& l, int vec, int64_t target) {
   const int64_t sv = ceil_div(l.s, vec);
-  const int bx = int(std::clamp<int64_t>(next_pow2(ceil_div(sv, kUnroll)), 8, kThreads));
+  // No more thread rows than planes: with a small batch the threads go along the plane instead.
+  const int64_t min_bx = kThreads / std::min<int64_t>(next_pow2(l.n), kThreads);
+  const int bx = int(std::clamp<int64_t>(std::max(next_pow2(ceil_div(sv, kUnroll)), min_bx), 8, kThreads));
   const int by = kThreads / bx;
-  const int64_t splits =
-      std::clamp<int64_t>(ceil_div(target, l.c), 1, std::min(ceil_div(l.n, by), kMaxSplits));
-  return {dim3(unsigned(l.c), unsigned(splits)), dim3(bx, by), int(splits)};
+  const int64_t n_splits = std::clamp<int64_t>(ceil_div(target, l.c), 1, std::min(ceil_div(l.n, by), kMaxSplits));
+  int64_t s_splits = 1;
+  const int64_t step = int64_t(bx) * kUnroll;  // vectors one unrolled block iteration covers
+  if (l.c * n_splits < target)
+    s_splits = std::clamp<int64_t>(ceil_div(target, l.c * n_splits), 1, ceil_div(sv, step));
+  s_splits = std::min(s_splits, kMaxSplits / n_splits);
+  // Chunks are whole unrolled iterations; recount the splits after rounding so none is empty.
+  const int64_t chunk = ceil_div(ceil_div(sv, s_splits), step) * step;
+  s_splits = ceil_div(sv, chunk);
+  const int64_t splits = n_splits * s_splits;
+  return {dim3(unsigned(l.c), unsigned(splits)), dim3(bx, by), int(splits), int(s_splits), chunk};
 }
 
 // Channels-last: a thread owns `vec` adjacent channels; bx (<= 32) threads cover a row's channels, by rows
 // per block; blockIdx.x walks channel groups, blockIdx.y splits the M rows. A warp reads whole rows (or
-// 32 x 16 bytes of one), so every access is coalesced. Splits stop where a thread would get fewer than
-// kUnroll rows, so the unrolled loads stay full.
+// 32 x 16 bytes of one), so every access is coalesced. About `target` blocks, but never more than one
+// row per thread (large tensors get many rows per thread, so the unrolled loads stay full).
 inline Geometry channels_last_geometry(const Layout& l, int vec, int64_t target) {
   const int64_t cv = ceil_div(l.c, vec);
   const int bx = int(std::min<int64_t>(next_pow2(cv), 32));
   const int by = kThreads / bx;
   const int64_t gx = ceil_div(cv, bx);
-  const int64_t splits = std::clamp<int64_t>(std::min(ceil_div(target, gx), ceil_div(l.rows(), int64_t(by) * kUnroll)),
-                                             1, kMaxSplits);
+  const int64_t splits = std::clamp<int64_t>(std::min(ceil_div(target, gx), ceil_div(l.rows(), by)), 1, kMaxSplits);
   return {dim3(unsigned(gx), unsigned(splits)), dim3(bx, by), int(splits)};
 }
 

@@ -30,6 +30,24 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
 }
 
+// The part of one channel a channels-first block walks: planes n = n0, n0 + n_step, ... and, in each,
+// the vectors [s0, s1) (blockIdx.y enumerates n-splits x s-splits, s fastest; see launch.cuh).
+struct PlaneRange {
+  int64_t n0, n_step, s0, s1;
+};
+
+__device__ __forceinline__ PlaneRange plane_range(int64_t sv, int splits, int s_splits, int64_t chunk) {
+  const int gn = int(blockIdx.y) / s_splits;
+  const int gs = int(blockIdx.y) % s_splits;
+  PlaneRange r;
+  r.n0 = int64_t(gn) * blockDim.y + threadIdx.y;
+  r.n_step = int64_t(splits / s_splits) * blockDim.y;
+  r.s0 = int64_t(gs) * chunk + threadIdx.x;
+  const int64_t end = int64_t(gs + 1) * chunk;
+  r.s1 = end < sv ? end : sv;
+  return r;
+}
+
 // Running (count, mean, M2) of V channels that have seen the same number of values (one thread reads
 // the same rows for all its channels), so the count and the merge weight are shared.
 template <typename acc_t, int V>

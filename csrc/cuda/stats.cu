@@ -34,7 +34,7 @@ __device__ __forceinline__ void store_stats(double* out, double* partial, int64_
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    stats_channels_first_kernel(const T* __restrict__ x, int64_t N, int64_t C, int64_t S, int splits,
+    stats_channels_first_kernel(const T* __restrict__ x, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk,
                                 double* __restrict__ partial, double* __restrict__ out, double count) {
   using acc_t = at::opmath_type<T>;
   const int bx = blockDim.x;
@@ -42,14 +42,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t sv = S / VEC;
   Welford<acc_t, 1> st;
   st.reset();
-  for (int64_t n = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; n < N; n += int64_t(splits) * blockDim.y) {
+  const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
+  for (int64_t n = r.n0; n < N; n += r.n_step) {
     const T* plane = x + (n * C + c) * S;
-    for (int64_t s = threadIdx.x; s < sv; s += int64_t(kUnroll) * bx) {
+    for (int64_t s = r.s0; s < r.s1; s += int64_t(kUnroll) * bx) {
       Vec<T, VEC> v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (s + u * bx < sv) v[u] = load_vec<T, VEC>(plane + (s + u * bx) * VEC);
-      if (s + (kUnroll - 1) * bx < sv) {
+        if (s + u * bx < r.s1) v[u] = load_vec<T, VEC>(plane + (s + u * bx) * VEC);
+      if (s + (kUnroll - 1) * bx < r.s1) {
         acc_t vals[kUnroll * VEC][1];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (s + u * bx < sv) {
+          if (s + u * bx < r.s1) {
             acc_t vals[VEC][1];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) vals[i][0] = acc_t(v[u].val[i]);
@@ -160,7 +161,7 @@ void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, d
         <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.rows(), l.c, geo.splits, partial_ptr, out_ptr, count);
   } else {
     stats_channels_first_kernel<T, VEC>
-        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.n, l.c, l.s, geo.splits, partial_ptr, out_ptr, count);
+        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk, partial_ptr, out_ptr, count);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (geo.splits > 1) {
