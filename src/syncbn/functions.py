@@ -61,7 +61,7 @@ def _check_more_than_one_value(
         return
     total = local_count if world_size == 1 else int(gathered[:, 0].sum().item())
     if total == 1:
-        where = "" if world_size == 1 else f" on this rank, 1 value per channel in the whole group of {world_size} ranks"
+        where = "" if world_size == 1 else f" on this rank, 1 value per channel in the whole group of {world_size}"
         raise ValueError(
             f"Expected more than 1 value per channel when training, got input size {x.size()}{where}; "
             "use a larger batch, or eval mode"
