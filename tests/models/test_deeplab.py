@@ -66,3 +66,12 @@ def test_batch_of_one_trains_with_gn() -> None:
     model = build_model({"name": "deeplabv3_resnet18", "head_channels": 16}, {"name": "gn", "num_groups": 8}, 3)
     model.train()
     assert model(torch.randn(1, 3, 32, 32))["out"].shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", ["deeplabv3_resnet18", "resnet50"])
+def test_zero_init_residual_reaches_torchvision_blocks(name: str) -> None:
+    """torchvision zero-inits BasicBlock.bn2 / Bottleneck.bn3; our dilated block must still qualify."""
+    model = build_model({"name": name, "zero_init_residual": True, "head_channels": 16}, {"name": "gn"}, 3)
+    last = [m.bn2 if hasattr(m, "conv2") and not hasattr(m, "conv3") else m.bn3
+            for m in model.modules() if type(m).__name__ in ("DilatedBasicBlock", "Bottleneck")]
+    assert last and all(not norm.weight.any() for norm in last)
