@@ -91,7 +91,7 @@ class SchedConfig:
 class TrainerConfig:
     """The training loop: length, accumulation, precision, logging, checkpoints, distributed knobs."""
 
-    epochs: int = 10
+    epochs: int = 8
     max_steps: Optional[int] = None
     grad_accum_steps: int = 1
     amp: str = "none"

@@ -108,9 +108,10 @@ def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Pa
     gradients into the full-batch mean gradient. What differs is fp32 summation order (Chan merge of two
     halves vs one pass, a two-way gradient average vs one reduction): ~1e-7 relative per operation.
     Measured (2026-11-29): per-step losses agree to <= 2e-7 for the first 4 steps. Over longer runs the
-    gap grows ~10-100x per step (BN amplifies rounding in low-variance channels: after 12 steps it is
-    ~1e-3 whatever the implementation), so the comparison covers 4 steps, where it is sharp: per-rank
-    BN (norm=bn on 2 processes, the bug this guards against) differs by 1e-2 at step 1.
+    gap grows ~10-100x per step: training itself amplifies rounding (the same W=2 vs W=1 comparison with
+    norm=gn, which involves no SyncBN and no cross-sample statistics, grows from 6e-8 to 2e-4 by step 7,
+    as SyncBN-vs-BN does), so the comparison covers 4 steps, where it is sharp: per-rank BN (norm=bn on
+    2 processes, the bug this guards against) differs by 1e-2 at step 1.
     Tolerances: losses 1e-5 absolute (50x the measured gap, 1000x below the bug); parameters and BN
     buffers 1e-4 absolute (values of order 0.1-1; the updates themselves are ~1e-3 per step).
     """
