@@ -79,9 +79,9 @@ fi
 # torch 2.14's torchrun keeps one rendezvous TCPStore for the whole job and hands it to every
 # restarted worker group without a per-restart key prefix: the restarted workers read the addresses
 # of the workers they replace and process-group creation fails ("Gloo connectFullMesh failed ...
-# Connection refused"; NCCL fails the same way). Opting out of the shared store gives every restart
-# a fresh one (rank 0's node serves it on a free port, which the other nodes must be able to reach,
-# as they must for NCCL/gloo anyway).
+# Connection refused"; NCCL, which exchanges its id through the same store, should fail alike).
+# Opting out of the shared store gives every restart a fresh one (rank 0's node serves it on a
+# free port, which the other nodes must be able to reach, as they must for NCCL/gloo anyway).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 
 cmd=("${torchrun_bin}"
