@@ -44,8 +44,8 @@ class DataConfig:
     noise_std: float = 10.0  # shapes: std of the Gaussian pixel noise, in 0..255 units
     min_shapes: int = 2  # shapes_seg: shapes per image, drawn in [min_shapes, max_shapes]
     max_shapes: int = 4
-    min_shape_size: float = 0.15  # shapes_seg: shape radius range, as a fraction of the image's shorter side
-    max_shape_size: float = 0.28
+    min_shape_size: float = 0.2  # shapes_seg: shape radius range, as a fraction of the image's shorter side
+    max_shape_size: float = 0.34
     variable_val_size: bool = False  # shapes_seg: validation images of varying sizes (0.75..1.25 x image_size)
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 

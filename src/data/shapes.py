@@ -193,7 +193,7 @@ def segmentation_image_size(seed: int, split: str, index: int, size: int, variab
 
 def make_segmentation_image(seed: int, split: str, index: int, size: int, num_classes: int,
                             min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
-                            noise_std: float = 10.0, radius_range: tuple[float, float] = (0.15, 0.28),
+                            noise_std: float = 10.0, radius_range: tuple[float, float] = (0.2, 0.34),
                             ) -> tuple[np.ndarray, np.ndarray]:
     """One image (uint8 HxWx3) with several shapes, and its mask (uint8 HxW; 0 = background).
 

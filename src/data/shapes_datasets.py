@@ -72,7 +72,7 @@ class ShapesSegmentation(_CachedShapes):
     def __init__(self, seed: int, split: str, length: int, image_size: int, num_shape_kinds: int,
                  min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
                  noise_std: float = 10.0, cache: bool = True,
-                 radius_range: tuple[float, float] = (0.15, 0.28)) -> None:
+                 radius_range: tuple[float, float] = (0.2, 0.34)) -> None:
         super().__init__(seed, split, length, cache)
         shapes.check_num_classes(num_shape_kinds)
         self.radius_range = (float(radius_range[0]), float(radius_range[1]))
