@@ -82,7 +82,8 @@ class DataConfig:
             _at_least(key, getattr(self, key), 0)
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
-        _at_least("resize_size", self.resize_size, self.image_size)
+        if self.name == "imagefolder":  # evaluation resizes, then centre-crops image_size
+            _at_least("resize_size", self.resize_size, self.image_size)
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
         if not 0 <= self.color_jitter <= 1:
