@@ -169,7 +169,7 @@ def _evaluate_segmentation(
     for images, targets, indices in _batches(loader, device):
         with autocast_context(device, amp):
             logits = _segmentation_logits(net(images))
-        logits = logits.float()
+        logits, targets = logits.float(), targets.long()  # masks may arrive as uint8
         if logits.shape[-2:] != targets.shape[-2:]:
             # Models here already answer at input size; this covers a mask kept at a different size.
             logits = F.interpolate(logits, size=targets.shape[-2:], mode="bilinear", align_corners=False)
