@@ -6,10 +6,10 @@
 For every case, in the same run: our forward (stats -> merge -> elementwise, via the ops) and
 forward+backward (+ backward reduce -> backward elementwise), the same through the
 src.syncbn.SyncBatchNorm2d module (autograd included), and F.batch_norm forward and forward+backward
-(autograd). Effective bandwidth counts the minimum traffic: 3 passes of the tensor for the forward
-(read x twice is NOT assumed: stats read x, elemt reads x and writes y) and 8 for forward+backward
-(+ backward reads x and dy, then reads x, dy and writes dx), compared with the copy bandwidth
-(`y.copy_(x)`, 2 passes) measured in the same run. `--world-size 2` spawns 2 gloo processes and
+(autograd), timed round-robin. Effective bandwidth counts the minimum traffic: 3 passes of the
+tensor for the forward (stats read x; elemt reads x, writes y) and 8 for forward+backward (backward
+reduce reads x and dy; backward elemt reads x and dy, writes dx), against the copy bandwidth
+(`out.copy_(x)`, 2 passes) measured in the same run. `--world-size 2` spawns 2 gloo processes and
 reports what the collectives add per layer (SyncBatchNorm2d on 2 ranks vs 1 rank, same per-rank batch).
 Numbers are medians; on a shared machine they are noisy. Never used as test assertions.
 """
@@ -48,6 +48,21 @@ def timeit(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def timeit_interleaved(fns: dict, repeats: int, warmup: int) -> dict:
+    """Median wall time of each fn, timed round-robin so that load from other processes on a
+    shared machine hits every contender alike (sequential blocks would bias the ratios)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def ops_forward(ops, x, w, b):
     """Our forward through the raw ops (one process: the gather is the local row)."""
     stats = ops.batch_norm_stats(x)
@@ -82,13 +97,8 @@ def bench_case(ops, shape, dtype, fmt_name, repeats, warmup) -> dict:
     rm, rv = torch.zeros(c), torch.ones(c)
     nbytes = x.numel() * x.element_size()
     out = torch.empty_like(x)
-    t_copy = timeit(lambda: out.copy_(x), repeats, warmup)
-    copy_bw = 2 * nbytes / t_copy
-
     row = dict(shape="x".join(map(str, shape)), dtype=str(dtype).split(".")[-1], format=fmt_name,
-               mbytes=nbytes / 1e6, copy_gbs=copy_bw / 1e9)
-    row["ours_fwd"] = timeit(lambda: ops_forward(ops, x, w, b), repeats, warmup)
-    row["ours_fwdbwd"] = timeit(lambda: ops_forward_backward(ops, x, w, b, dy), repeats, warmup)
+               mbytes=nbytes / 1e6)
 
     def torch_fwd():
         with torch.no_grad():
@@ -101,22 +111,24 @@ def bench_case(ops, shape, dtype, fmt_name, repeats, warmup) -> dict:
         y = F.batch_norm(xg, rm, rv, wg, bg, training=True, momentum=0.1, eps=1e-5)
         y.backward(dy)
 
-    row["torch_fwd"] = timeit(torch_fwd, repeats, warmup)
-    row["torch_fwdbwd"] = timeit(torch_fwdbwd, repeats, warmup)
-
+    fns = {"copy": lambda: out.copy_(x),
+           "ours_fwd": lambda: ops_forward(ops, x, w, b),
+           "ours_fwdbwd": lambda: ops_forward_backward(ops, x, w, b, dy),
+           "torch_fwd": torch_fwd, "torch_fwdbwd": torch_fwdbwd}
     module = make_module(c, dtype)
     if module is not None:
         module.train()
-
-        def module_fwdbwd():
-            module(xg).backward(dy)
 
         def module_fwd():
             with torch.no_grad():
                 return module(x)
 
-        row["module_fwd"] = timeit(module_fwd, repeats, warmup)
-        row["module_fwdbwd"] = timeit(module_fwdbwd, repeats, warmup)
+        fns["module_fwd"] = module_fwd
+        fns["module_fwdbwd"] = lambda: module(xg).backward(dy)
+    times = timeit_interleaved(fns, repeats, warmup)
+    copy_bw = 2 * nbytes / times.pop("copy")
+    row["copy_gbs"] = copy_bw / 1e9
+    row.update(times)
     bound_fwd, bound_fwdbwd = 3 * nbytes / copy_bw, 8 * nbytes / copy_bw
     row["ratio_fwd"] = row["ours_fwd"] / row["torch_fwd"]
     row["ratio_fwdbwd"] = row["ours_fwdbwd"] / row["torch_fwdbwd"]

@@ -13,38 +13,45 @@ namespace syncbn::cpu {
 namespace {
 using namespace detail;
 
-constexpr int64_t kRowTileValues = 16384;
+constexpr int64_t kRowTileValues = 65536;  // rows per tile * C (tile sums stay in L1/L2)
+constexpr int64_t kPlaneTile = 8192;       // values per channel summed in acc-type lanes
 
 struct DySums {
   double dy = 0.0;
   double dy_xmu = 0.0;
 };
 
-// Adds sum(dy) and sum(dy * (x - mean)) over `len` contiguous values to `out`.
+// Adds sum(dy) and sum(dy * (x - mean)) of channel c over planes n0..n1 (S values each, stride
+// C*S) to `out`; lanes are summed horizontally once per call, not once per (small) plane.
 template <typename scalar_t>
-inline void accumulate_plane(const scalar_t* x, const scalar_t* dy, int64_t len,
-                             acc_type<scalar_t> mean, DySums& out) {
+inline void accumulate_planes(const scalar_t* x, const scalar_t* dy, int64_t C, int64_t S, int64_t c,
+                              int64_t n0, int64_t n1, acc_type<scalar_t> mean, DySums& out) {
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
   const AVec vm(mean);
   AVec s0(0), s1(0), t0(0), t1(0), a, b, g, h;
-  const int64_t vec_end = len - len % IO::kStep;
-  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
-    IO::load(x + i, a, b);
-    IO::load(dy + i, g, h);
-    s0 += g;
-    s1 += h;
-    t0 = at::vec::fmadd(g, a - vm, t0);
-    t1 = at::vec::fmadd(h, b - vm, t1);
-  }
-  if (vec_end < len) {
-    IO::load_tail(x + vec_end, len - vec_end, mean, a, b);
-    IO::load_tail(dy + vec_end, len - vec_end, acc_t(0), g, h);
-    s0 += g;
-    s1 += h;
-    t0 = at::vec::fmadd(g, a - vm, t0);
-    t1 = at::vec::fmadd(h, b - vm, t1);
+  const int64_t vec_end = S - S % IO::kStep;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t off = (n * C + c) * S;
+    const scalar_t* xp = x + off;
+    const scalar_t* gp = dy + off;
+    for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+      IO::load(xp + i, a, b);
+      IO::load(gp + i, g, h);
+      s0 += g;
+      s1 += h;
+      t0 = at::vec::fmadd(g, a - vm, t0);
+      t1 = at::vec::fmadd(h, b - vm, t1);
+    }
+    if (vec_end < S) {
+      IO::load_tail(xp + vec_end, S - vec_end, mean, a, b);
+      IO::load_tail(gp + vec_end, S - vec_end, acc_t(0), g, h);
+      s0 += g;
+      s1 += h;
+      t0 = at::vec::fmadd(g, a - vm, t0);
+      t1 = at::vec::fmadd(h, b - vm, t1);
+    }
   }
   out.dy += static_cast<double>(hsum<acc_t>(s0 + s1));
   out.dy_xmu += static_cast<double>(hsum<acc_t>(t0 + t1));
@@ -54,25 +61,24 @@ template <typename scalar_t>
 void reduce_planes(const scalar_t* x, const scalar_t* dy, const InputLayout& lay,
                    const std::vector<acc_type<scalar_t>>& mu, std::vector<DySums>& out) {
   const int64_t N = lay.n, C = lay.c, S = lay.s;
+  const int64_t P = std::max<int64_t>(1, kPlaneTile / std::max<int64_t>(S, 1));  // planes per tile
   if (C >= at::get_num_threads() || N == 1) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t off = (n * C + c) * S;
-          accumulate_plane(x + off, dy + off, S, mu[c], out[c]);
-        }
+      for (int64_t n0 = 0; n0 < N; n0 += P)
+        for (int64_t c = c0; c < c1; ++c)
+          accumulate_planes(x, dy, C, S, c, n0, std::min(N, n0 + P), mu[c], out[c]);
     });
     return;
   }
   const int64_t chunks = num_chunks(N, 1);
   std::vector<std::vector<DySums>> part(chunks, std::vector<DySums>(C));
   at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k)
-      for (int64_t n = N * k / chunks; n < N * (k + 1) / chunks; ++n)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t off = (n * C + c) * S;
-          accumulate_plane(x + off, dy + off, S, mu[c], part[k][c]);
-        }
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t nb = N * k / chunks, ne = N * (k + 1) / chunks;
+      for (int64_t n0 = nb; n0 < ne; n0 += P)
+        for (int64_t c = 0; c < C; ++c)
+          accumulate_planes(x, dy, C, S, c, n0, std::min(ne, n0 + P), mu[c], part[k][c]);
+    }
   });
   for (int64_t k = 0; k < chunks; ++k)
     for (int64_t c = 0; c < C; ++c) {
@@ -89,7 +95,7 @@ void reduce_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
   using AVec = typename IO::AVec;
   constexpr int64_t W = IO::kWidth;
   const int64_t vec_c = C - C % IO::kStep;
-  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 8, 4096);
+  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 32, 4096);
   const int64_t tiles = (M + R - 1) / R;
   const int64_t chunks = num_chunks(tiles, 1);
   std::vector<std::vector<DySums>> part(chunks, std::vector<DySums>(C));

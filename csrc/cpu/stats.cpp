@@ -14,8 +14,9 @@ using namespace detail;
 
 // Values per two-pass tile in the planes layout: 32 KiB of fp32, so the second pass hits L1/L2.
 constexpr int64_t kPlaneTile = 8192;
-// Target values per tile in the rows layout (rows * C).
-constexpr int64_t kRowTileValues = 16384;
+// Target values per tile in the rows layout (rows * C): 256 KiB of fp32 stays in L2 for pass 2,
+// and at least 32 rows amortise the per-channel merge.
+constexpr int64_t kRowTileValues = 65536;
 
 template <typename scalar_t>
 inline void accumulate_plane(const scalar_t* p, int64_t len, Moments& m) {
@@ -27,14 +28,76 @@ inline void accumulate_plane(const scalar_t* p, int64_t len, Moments& m) {
   }
 }
 
+// Two-pass moments of channel c over planes n0..n1 (S contiguous values each, at stride C*S),
+// merged into `m`. Small planes (7x7) are grouped so that the horizontal sums and the merge happen
+// once per group, not once per 49 values.
+template <typename scalar_t>
+void accumulate_planes(const scalar_t* x, int64_t C, int64_t S, int64_t c, int64_t n0, int64_t n1,
+                       Moments& m) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  const int64_t vec_end = S - S % IO::kStep;
+  AVec s0(0), s1(0), a, b;
+  acc_t st = 0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const scalar_t* p = x + (n * C + c) * S;
+    for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+      IO::load(p + i, a, b);
+      s0 += a;
+      s1 += b;
+    }
+    for (int64_t i = vec_end; i < S; ++i) st += static_cast<acc_t>(p[i]);
+  }
+  const int64_t len = (n1 - n0) * S;
+  const acc_t mean0 = (hsum<acc_t>(s0 + s1) + st) / static_cast<acc_t>(len);
+  const AVec vm(mean0);
+  AVec d0(0), d1(0), q0(0), q1(0);
+  acc_t dt = 0, qt = 0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const scalar_t* p = x + (n * C + c) * S;
+    for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+      IO::load(p + i, a, b);
+      a -= vm;
+      b -= vm;
+      d0 += a;
+      d1 += b;
+      q0 = at::vec::fmadd(a, a, q0);
+      q1 = at::vec::fmadd(b, b, q1);
+    }
+    for (int64_t i = vec_end; i < S; ++i) {
+      const acc_t v = static_cast<acc_t>(p[i]) - mean0;
+      dt += v;
+      qt += v * v;
+    }
+  }
+  const double sd = static_cast<double>(hsum<acc_t>(d0 + d1)) + dt;
+  const double sq = static_cast<double>(hsum<acc_t>(q0 + q1)) + qt;
+  const double dl = static_cast<double>(len);
+  m.merge(len, static_cast<double>(mean0) + sd / dl, std::max(0.0, sq - sd * sd / dl));
+}
+
+// Moments of channel c over planes n0..n1, in cache-sized tiles.
+template <typename scalar_t>
+inline void accumulate_channel(const scalar_t* x, int64_t C, int64_t S, int64_t c, int64_t n0,
+                               int64_t n1, Moments& m) {
+  if (S > kPlaneTile) {
+    for (int64_t n = n0; n < n1; ++n) accumulate_plane(x + (n * C + c) * S, S, m);
+  } else {
+    accumulate_planes(x, C, S, c, n0, n1, m);
+  }
+}
+
 template <typename scalar_t>
 void stats_planes(const scalar_t* x, const InputLayout& lay, std::vector<Moments>& out) {
   const int64_t N = lay.n, C = lay.c, S = lay.s;
+  const int64_t P = std::max<int64_t>(1, kPlaneTile / std::max<int64_t>(S, 1));  // planes per tile
   if (C >= at::get_num_threads() || N == 1) {
-    // Each thread owns a channel range and streams the contiguous block x[n, c0:c1, :] per n.
+    // Each thread owns a channel range and walks the batch in blocks of P planes, so its reads are
+    // P forward streams through x[n0:n1, c0:c1, :].
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) accumulate_plane(x + (n * C + c) * S, S, out[c]);
+      for (int64_t n0 = 0; n0 < N; n0 += P)
+        for (int64_t c = c0; c < c1; ++c) accumulate_channel(x, C, S, c, n0, std::min(N, n0 + P), out[c]);
     });
     return;
   }
@@ -42,9 +105,11 @@ void stats_planes(const scalar_t* x, const InputLayout& lay, std::vector<Moments
   const int64_t chunks = num_chunks(N, 1);
   std::vector<std::vector<Moments>> part(chunks, std::vector<Moments>(C));
   at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k)
-      for (int64_t n = N * k / chunks; n < N * (k + 1) / chunks; ++n)
-        for (int64_t c = 0; c < C; ++c) accumulate_plane(x + (n * C + c) * S, S, part[k][c]);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t nb = N * k / chunks, ne = N * (k + 1) / chunks;
+      for (int64_t n0 = nb; n0 < ne; n0 += P)
+        for (int64_t c = 0; c < C; ++c) accumulate_channel(x, C, S, c, n0, std::min(ne, n0 + P), part[k][c]);
+    }
   });
   for (int64_t k = 0; k < chunks; ++k)
     for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
@@ -96,18 +161,18 @@ void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
       q[c] += v * v;
     }
   }
-  const double dl = static_cast<double>(len);
+  const double inv_dl = 1.0 / static_cast<double>(len);
   for (int64_t c = 0; c < C; ++c) {
     const double sdc = d[c];
-    m[c].merge(len, static_cast<double>(s[c]) + sdc / dl,
-               std::max(0.0, static_cast<double>(q[c]) - sdc * sdc / dl));
+    m[c].merge(len, static_cast<double>(s[c]) + sdc * inv_dl,
+               std::max(0.0, static_cast<double>(q[c]) - sdc * sdc * inv_dl));
   }
 }
 
 template <typename scalar_t>
 void stats_rows(const scalar_t* x, int64_t M, int64_t C, std::vector<Moments>& out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 8, 4096);
+  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 32, 4096);
   const int64_t tiles = (M + R - 1) / R;
   const int64_t chunks = num_chunks(tiles, 1);
   std::vector<std::vector<Moments>> part(chunks, std::vector<Moments>(C));

@@ -48,20 +48,31 @@ struct VecIO {
     }
   }
 
-  // Tail of fewer than kStep values: widened into a buffer padded with `pad` (so padded lanes can
+  // Tail of 0 < count < kStep values with masked loads; lanes past `count` hold `pad` (so they can
   // be made to contribute exactly nothing to a reduction).
   static inline void load_tail(const scalar_t* p, int64_t count, acc_t pad, AVec& a, AVec& b) {
-    alignas(64) acc_t buf[kStep];
-    for (int64_t i = 0; i < kStep; ++i) buf[i] = i < count ? static_cast<acc_t>(p[i]) : pad;
-    a = AVec::loadu(buf);
-    b = AVec::loadu(buf + kWidth);
+    const int64_t ca = std::min<int64_t>(count, kWidth), cb = count - ca;
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      a = AVec::loadu(p, ca);
+      b = cb > 0 ? AVec::loadu(p + kWidth, cb) : AVec(acc_t(0));
+    } else {
+      auto v = at::vec::Vectorized<scalar_t>::loadu(p, count);
+      std::tie(a, b) = at::vec::convert_to_float<scalar_t>(v);
+    }
+    if (pad != acc_t(0)) {
+      a = AVec::set(AVec(pad), a, ca);
+      b = AVec::set(AVec(pad), b, cb);
+    }
   }
 
   static inline void store_tail(scalar_t* p, int64_t count, const AVec& a, const AVec& b) {
-    alignas(64) acc_t buf[kStep];
-    a.store(buf);
-    b.store(buf + kWidth);
-    for (int64_t i = 0; i < count; ++i) p[i] = static_cast<scalar_t>(buf[i]);
+    const int64_t ca = std::min<int64_t>(count, kWidth), cb = count - ca;
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      a.store(p, ca);
+      if (cb > 0) b.store(p + kWidth, cb);
+    } else {
+      at::vec::convert_from_float<scalar_t>(a, b).store(p, count);
+    }
   }
 };
 
