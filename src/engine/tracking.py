@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
 log = logging.getLogger(__name__)
 
 
@@ -42,20 +40,6 @@ class Tracker:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.writer.add_scalar(f"{split}/{name}", value, step)
-
-    def images(self, tag: str, images: torch.Tensor, step: int) -> None:
-        """A grid of a batch of (normalised) images, each rescaled to [0, 1] for display."""
-        if not self.enabled or self.writer is None:
-            return
-        from torchvision.utils import make_grid
-
-        grid = make_grid(images.detach().float().cpu(), nrow=8, normalize=True, scale_each=True)
-        self.writer.add_image(tag, grid, step)
-
-    def add_figure_panel(self, tag: str, panel: torch.Tensor, step: int) -> None:
-        """An already-assembled [3, H, W] image in [0, 1] (e.g. image | target | prediction panels)."""
-        if self.enabled and self.writer is not None:
-            self.writer.add_image(tag, panel, step)
 
     def flush(self) -> None:
         """Push pending TensorBoard events to disk."""

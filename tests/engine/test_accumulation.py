@@ -10,7 +10,6 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from src import dist
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
 from src.engine.amp import build_scaler
 from src.engine.loop import Progress, TrainParts, train_one_epoch

@@ -2,7 +2,6 @@
 best-k bookkeeping, RNG round trip, and norm=syncbn weights load into norm=bn and back."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -12,14 +11,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
+from src.config import OptimConfig, SchedConfig
 from src.engine import checkpoint as ckpt_io
 from src.engine.amp import build_scaler
 from src.engine.ema import build_ema
 from src.engine.optim import build_optimizer, build_scheduler
-from src.config import OptimConfig, SchedConfig
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 
