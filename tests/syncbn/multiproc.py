@@ -8,11 +8,12 @@ stragglers, and a child's traceback is reported by the parent.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import multiprocessing as mp
 import os
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,12 +22,28 @@ COLLECTIVE_TIMEOUT_S = 60.0  # one collective on loopback takes milliseconds; 60
 JOIN_TIMEOUT_S = 240.0  # a whole group of cases; far above what they take (tens of seconds)
 
 
+def _use_parent_kernels(library: Optional[str]) -> None:
+    """Import the very library the parent loaded (no rebuild, even if csrc/ changed since)."""
+    if not library or not Path(library).exists():
+        return  # not a file-backed module: the child loads the extension itself
+    from src.syncbn import functions
+
+    spec = importlib.util.spec_from_file_location(Path(library).name.split(".")[0], library)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    functions._OPS = module
+
+
 def _child(
-    rank: int, world: int, tmp: str, fn: Callable[[int, int, Any], Any], collective_timeout_s: float
+    rank: int, world: int, tmp: str, fn: Callable[[int, int, Any], Any], collective_timeout_s: float,
+    library: Optional[str],
 ) -> None:
     torch.set_num_threads(1)  # 2 cores shared by several processes: no oversubscription
     out = Path(tmp) / f"rank{rank}.pt"
     try:
+        _use_parent_kernels(library)
         payload = torch.load(Path(tmp) / "payload.pt", weights_only=False)
         # A file store needs no port: no race with other tests picking "free" ports at the same time.
         dist.init_process_group(
@@ -57,10 +74,10 @@ def run_group(
     failing rank's traceback, or when a child is still running after `join_timeout_s`.
     """
     # Build (or load) the kernel extension here first, under pytest's own timeout: a first-time compile
-    # inside the children would eat into the join deadline; afterwards they only import the cache.
+    # inside the children would eat into the join deadline. The children then import this very library.
     from src.syncbn.functions import kernel_ops
 
-    kernel_ops()
+    library = getattr(kernel_ops(), "__file__", None)
     tmp_path.mkdir(parents=True, exist_ok=True)
     torch.save(payload, tmp_path / "payload.pt")
     ctx = mp.get_context("spawn")
@@ -68,7 +85,8 @@ def run_group(
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch starts its pool
     try:
         procs = [
-            ctx.Process(target=_child, args=(r, world, str(tmp_path), fn, collective_timeout_s), daemon=True)
+            ctx.Process(target=_child, args=(r, world, str(tmp_path), fn, collective_timeout_s, library),
+                        daemon=True)
             for r in range(world)
         ]
         for p in procs:
