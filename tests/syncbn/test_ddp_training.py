@@ -8,7 +8,6 @@ then the gradient of the one-process mean loss, including the cross-rank terms S
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
