@@ -1,6 +1,6 @@
 """Images/s of our trainer vs a minimal hand-written DDP loop: same model, data, world size, one run.
 
-    python scripts/bench_train.py [--nproc 2] [--steps 60] [--batch 64] [--norm syncbn] [--repeats 2]
+    python scripts/bench_train.py [--world 2] [--steps 60] [--batch 64] [--norm syncbn] [--repeats 2]
 
 Both sides are launched with torchrun on the same machine, alternately (baseline, trainer, baseline,
 trainer, ...) so that drift in a shared machine's load hits both. Both use the same model builder, the
@@ -44,18 +44,18 @@ def run_trainer(args: argparse.Namespace, run_dir: Path) -> float:
         f"trainer.max_steps={args.steps}", "trainer.epochs=1000", "trainer.tensorboard=true",
         f"hydra.run.dir={run_dir}",
     ]
-    subprocess.run(_torchrun(args.nproc, ["train.py", *overrides]), cwd=REPO, env=_env(), check=True,
+    subprocess.run(_torchrun(args.world, ["train.py", *overrides]), cwd=REPO, env=_env(), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     times = {r["step"]: r["time"] for r in rows if r["split"] == "train"}
     steps = args.steps - args.skip
-    return steps * args.nproc * args.batch / (times[args.steps] - times[args.skip])
+    return steps * args.world * args.batch / (times[args.steps] - times[args.skip])
 
 
 def run_baseline(args: argparse.Namespace, out: Path) -> float:
     """The hand-written loop below under torchrun; img/s over the same steps."""
     argv = [str(Path(__file__).resolve()), "--worker", "--out", str(out), *sys.argv[1:]]
-    subprocess.run(_torchrun(args.nproc, argv), cwd=REPO, env=_env(), check=True)
+    subprocess.run(_torchrun(args.world, argv), cwd=REPO, env=_env(), check=True)
     return json.loads(out.read_text())["images_per_s"]
 
 
@@ -106,7 +106,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
 def main() -> None:
     """Parse arguments; run alternately and report the overhead."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--world", type=int, default=2, help="processes (torchrun --nproc_per_node)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the measurement")
     parser.add_argument("--batch", type=int, default=64, help="per-process batch")
@@ -130,11 +130,11 @@ def main() -> None:
             print(f"round {i}: baseline {base[-1]:.1f} img/s, trainer {ours[-1]:.1f} img/s", flush=True)
     b, o = statistics.median(base), statistics.median(ours)
     overhead = 100.0 * (b - o) / b
-    print(f"{args.model} norm={args.norm}, {args.nproc} process(es) x batch {args.batch}, "
+    print(f"{args.model} norm={args.norm}, {args.world} process(es) x batch {args.batch}, "
           f"steps {args.skip}..{args.steps}: hand-written DDP {b:.1f} img/s, trainer {o:.1f} img/s, "
           f"overhead {overhead:+.1f}%")
     print(json.dumps({"baseline_images_per_s": b, "trainer_images_per_s": o, "overhead_percent": overhead,
-                      "baseline_runs": base, "trainer_runs": ours, "nproc": args.nproc, "batch": args.batch,
+                      "baseline_runs": base, "trainer_runs": ours, "world_size": args.world, "batch": args.batch,
                       "model": args.model, "norm": args.norm}))
 
 

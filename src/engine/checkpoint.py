@@ -101,7 +101,7 @@ class CheckpointSaver:
         data = None
         value = None if metrics is None else metrics.get(self.metric)
         if value is not None and self.keep_best > 0 and self._is_top_k(value):
-            name = f"best_epoch{state['epoch']:03d}_step{state['step']}_{self.metric}{value:.4f}.pt"
+            name = f"best_step{state['step']:07d}_{self.metric}{value:.4f}.pt"
             self.best.append([float(value), name])
             self.best.sort(key=lambda b: b[0], reverse=self.higher_is_better)
             dropped, self.best = self.best[self.keep_best:], self.best[: self.keep_best]
