@@ -14,7 +14,6 @@ namespace {
 using namespace detail;
 
 constexpr int64_t kRowTileValues = 65536;  // rows per tile * C (tile sums stay in L1/L2)
-constexpr int64_t kPlaneTile = 8192;       // values per channel summed in acc-type lanes
 
 struct DySums {
   double dy = 0.0;
@@ -22,7 +21,7 @@ struct DySums {
 };
 
 // Adds sum(dy) and sum(dy * (x - mean)) of channel c over planes n0..n1 (S values each, stride
-// C*S) to `out`; lanes are summed horizontally once per call, not once per (small) plane.
+// C*S) to `out`.
 template <typename scalar_t>
 inline void accumulate_planes(const scalar_t* x, const scalar_t* dy, int64_t C, int64_t S, int64_t c,
                               int64_t n0, int64_t n1, acc_type<scalar_t> mean, DySums& out) {
@@ -61,7 +60,8 @@ template <typename scalar_t>
 void reduce_planes(const scalar_t* x, const scalar_t* dy, const InputLayout& lay,
                    const std::vector<acc_type<scalar_t>>& mu, std::vector<DySums>& out) {
   const int64_t N = lay.n, C = lay.c, S = lay.s;
-  const int64_t P = std::max<int64_t>(1, kPlaneTile / std::max<int64_t>(S, 1));  // planes per tile
+  // One plane at a time, walking memory forward (see stats.cpp for why planes are not grouped).
+  const int64_t P = 1;
   if (C >= at::get_num_threads() || N == 1) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t n0 = 0; n0 < N; n0 += P)
