@@ -7,7 +7,9 @@ trainer, ...) so that drift in a shared machine's load hits both. Both use the s
 same dataset and the same TrainBatchSampler loader, so the difference is the trainer's own overhead:
 logging, progress bar, metric reduction, LR scheduler, norm health checks, tracking. Throughput is
 measured between the `--skip`-th and the last optimizer step from wall-clock timestamps (warm-up,
-start-up and the final evaluation excluded on both sides). Prints a table and one JSON line.
+start-up and the final evaluation excluded on both sides), and rank 0's CPU time per image over the
+same steps (robust to other jobs sharing the machine, which swing wall-clock rates by +-40%). Prints a
+summary and one JSON line.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_trainer(args: argparse.Namespace, run_dir: Path) -> float:
+def run_trainer(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     """Our train.py for --steps optimizer steps; img/s from metrics.jsonl timestamps (a row every --skip steps)."""
     overrides = [
         f"norm={args.norm}", f"model={args.model}", "data=shapes", f"data.batch_size={args.batch}",
@@ -46,17 +48,24 @@ def run_trainer(args: argparse.Namespace, run_dir: Path) -> float:
     ]
     subprocess.run(_torchrun(args.world, ["train.py", *overrides]), cwd=REPO, env=_env(), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    times = {r["step"]: r["time"] for r in rows if r["split"] == "train"}
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "train"}
+    return _rates(args, rows[args.skip]["time"], rows[args.steps]["time"], rows[args.skip]["cpu_s"],
+                  rows[args.steps]["cpu_s"])
+
+
+def _rates(args: argparse.Namespace, t0: float, t1: float, cpu0: float, cpu1: float) -> dict[str, float]:
+    """Global images/s (wall clock) and rank 0's CPU milliseconds per image it processed."""
     steps = args.steps - args.skip
-    return steps * args.world * args.batch / (times[args.steps] - times[args.skip])
+    return {"images_per_s": steps * args.world * args.batch / (t1 - t0),
+            "cpu_ms_per_image": 1000.0 * (cpu1 - cpu0) / (steps * args.batch)}
 
 
-def run_baseline(args: argparse.Namespace, out: Path) -> float:
+def run_baseline(args: argparse.Namespace, out: Path) -> dict[str, float]:
     """The hand-written loop below under torchrun; img/s over the same steps."""
     argv = [str(Path(__file__).resolve()), "--worker", "--out", str(out), *sys.argv[1:]]
     subprocess.run(_torchrun(args.world, argv), cwd=REPO, env=_env(), check=True)
-    return json.loads(out.read_text())["images_per_s"]
+    return json.loads(out.read_text())
 
 
 def baseline_worker(args: argparse.Namespace) -> None:
@@ -83,7 +92,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     model = build_model(ModelConfig(name=args.model), NormConfig(name=args.norm), data.num_classes)
     ddp = DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    step, stamps = 0, {}
+    step, stamps, cpu = 0, {}, {}
     while step < args.steps:
         loader.batch_sampler.set_epoch(step)
         for images, targets in loader:
@@ -94,12 +103,12 @@ def baseline_worker(args: argparse.Namespace) -> None:
             step += 1
             if step in (args.skip, args.steps):
                 loss.item()  # same host sync the trainer's logging forces
-                stamps[step] = time.time()
+                stamps[step], cpu[step] = time.time(), time.process_time()
             if step == args.steps:
                 break
     if rank == 0:
-        ips = (args.steps - args.skip) * world * args.batch / (stamps[args.steps] - stamps[args.skip])
-        Path(args.out).write_text(json.dumps({"images_per_s": ips}))
+        rates = _rates(args, stamps[args.skip], stamps[args.steps], cpu[args.skip], cpu[args.steps])
+        Path(args.out).write_text(json.dumps(rates))
     dist.destroy()
 
 
@@ -127,16 +136,23 @@ def main() -> None:
         for i in range(args.repeats):
             base.append(run_baseline(args, Path(tmp) / f"base{i}.json"))
             ours.append(run_trainer(args, Path(tmp) / f"run{i}"))
-            print(f"round {i}: baseline {base[-1]:.1f} img/s, trainer {ours[-1]:.1f} img/s", flush=True)
-    b, o = statistics.median(base), statistics.median(ours)
-    overhead = 100.0 * (b - o) / b
-    print(f"{args.model} norm={args.norm}, {args.world} process(es) x batch {args.batch}, "
-          f"steps {args.skip}..{args.steps}: hand-written DDP {b:.1f} img/s, trainer {o:.1f} img/s, "
-          f"overhead {overhead:+.1f}%")
-    print(json.dumps({"baseline_images_per_s": b, "trainer_images_per_s": o, "overhead_percent": overhead,
-                      "baseline_runs": base, "trainer_runs": ours, "world_size": args.world, "batch": args.batch,
-                      "model": args.model, "norm": args.norm}))
-
+            print(f"round {i}: baseline {base[-1]['images_per_s']:.1f} img/s {base[-1]['cpu_ms_per_image']:.2f} "
+                  f"CPU-ms/img | trainer {ours[-1]['images_per_s']:.1f} img/s "
+                  f"{ours[-1]['cpu_ms_per_image']:.2f} CPU-ms/img", flush=True)
+    summary = {}
+    for key in ("images_per_s", "cpu_ms_per_image"):
+        b, o = statistics.median(r[key] for r in base), statistics.median(r[key] for r in ours)
+        # Overhead: how much slower (wall) or costlier (CPU) our trainer is than the hand-written loop.
+        summary[key] = {"baseline": b, "trainer": o,
+                        "overhead_percent": 100.0 * ((b - o) / b if key == "images_per_s" else (o - b) / b)}
+    print(f"{args.model} norm={args.norm}, {args.world} process(es) x batch {args.batch}, steps {args.skip}..{args.steps}:")
+    print(f"  wall clock: hand-written DDP {summary['images_per_s']['baseline']:.1f} img/s, trainer "
+          f"{summary['images_per_s']['trainer']:.1f} img/s, overhead {summary['images_per_s']['overhead_percent']:+.1f}%")
+    print(f"  CPU (rank 0): hand-written DDP {summary['cpu_ms_per_image']['baseline']:.2f} ms/img, trainer "
+          f"{summary['cpu_ms_per_image']['trainer']:.2f} ms/img, overhead "
+          f"{summary['cpu_ms_per_image']['overhead_percent']:+.1f}%")
+    print(json.dumps({**summary, "baseline_runs": base, "trainer_runs": ours, "world_size": args.world,
+                      "batch": args.batch, "model": args.model, "norm": args.norm}))
 
 if __name__ == "__main__":
     main()

@@ -101,7 +101,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
     resume_from = _resume_path(cfg.trainer.resume, run_dir)
     if resume_from is not None:
         restored = ckpt_io.load_checkpoint(resume_from)
-        _restore(restored, model, optimizer, scheduler, scaler, ema, state, saver)
+        _restore(restored, model, optimizer, scheduler, scaler, ema, state, saver, world * cfg.data.batch_size)
         log.info("resumed from %s at epoch %d, step %d, micro-batch %d", resume_from, state.epoch, state.step,
                  state.micro_batch)
     check_norm_health(model, "start", strict=True)
@@ -224,7 +224,7 @@ def _resume_path(resume: str, run_dir: Path) -> Optional[Path]:
 
 def _restore(ckpt: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              scaler: torch.amp.GradScaler, ema: Optional[nn.Module], state: Progress,
-             saver: ckpt_io.CheckpointSaver) -> None:
+             saver: ckpt_io.CheckpointSaver, global_batch: int) -> None:
     """Load every piece of training state; RNG states per rank when the world size is unchanged."""
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -235,6 +235,12 @@ def _restore(ckpt: dict[str, Any], model: nn.Module, optimizer: torch.optim.Opti
         ema.load_state_dict(ckpt["ema"])
     state.epoch, state.step = int(ckpt["epoch"]), int(ckpt["step"])
     state.micro_batch = int(ckpt["sampler"]["micro_batch"])
+    old_global = int(ckpt.get("world_size", 1)) * int(ckpt["config"]["data"]["batch_size"])
+    if old_global != global_batch and state.micro_batch:
+        # Another world size or batch: resume at the same sample position of the epoch's permutation.
+        state.micro_batch = state.micro_batch * old_global // global_batch
+        log.warning("resuming with %d images per micro-step instead of %d: epoch position mapped to "
+                    "micro-batch %d (exact only when the sizes divide)", global_batch, old_global, state.micro_batch)
     saver.best = [list(b) for b in ckpt.get("best", [])]
     rng = ckpt.get("rng") or []
     if len(rng) == dist.get_world_size():
