@@ -107,13 +107,13 @@ def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Pa
     normalises with the statistics of the concatenated batch, and DDP averages the two half-batch mean
     gradients into the full-batch mean gradient. What differs is fp32 summation order (Chan merge of two
     halves vs one pass, a two-way gradient average vs one reduction): ~1e-7 relative per operation.
-    Measured (2026-11-29): per-step losses agree to <= 2e-7 for the first 4 steps. Over longer runs the
-    gap grows ~10-100x per step: training itself amplifies rounding (the same W=2 vs W=1 comparison with
-    norm=gn, which involves no SyncBN and no cross-sample statistics, grows from 6e-8 to 2e-4 by step 7,
-    as SyncBN-vs-BN does), so the comparison covers 4 steps, where it is sharp: per-rank BN (norm=bn on
-    2 processes, the bug this guards against) differs by 1e-2 at step 1.
-    Tolerances: losses 1e-5 absolute (50x the measured gap, 1000x below the bug); parameters and BN
-    buffers 1e-4 absolute (values of order 0.1-1; the updates themselves are ~1e-3 per step).
+    Measured (2026-11-29): step 1 (same weights, same batch: forward rounding only) agrees to 6e-8.
+    Later steps drift, because training itself amplifies rounding ~10-30x per step (the same W=2 vs W=1
+    comparison with norm=gn, which involves no SyncBN and no cross-sample statistics, grows from 6e-8 to
+    2e-4 by step 7); with the SyncBN kernels of 14:20 the gap was 2e-6 / 8e-5 / 3e-4 at steps 2-4. So the
+    run is kept to 4 steps and the bounds are: step 1 < 1e-5; steps 2-4 < 2e-3; parameters < 2e-3
+    absolute (measured 4e-4), BN running stats < 1e-2 relative (measured 7e-4). The bug this guards
+    against, per-rank BN (norm=bn on 2 processes), differs by 1.3e-2 / 2.6e-2 / 1e-2 at steps 1-3.
     """
     common = [*TINY, "data.train_size=128", "trainer.deterministic=true", "trainer.epochs=1",
               "trainer.log_every=1", "trainer.tensorboard=false", "optim.lr=0.02", "sched.warmup_epochs=0"]
@@ -127,12 +127,17 @@ def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Pa
     losses_one = [r["loss"] for r in rows(one, "train")]
     assert len(losses_two) == len(losses_one) == 4
     assert [r["lr"] for r in rows(two, "train")] == pytest.approx([r["lr"] for r in rows(one, "train")])
+    assert abs(losses_two[0] - losses_one[0]) < 1e-5, f"step 1 losses: {losses_two[0]} vs {losses_one[0]}"
     worst_loss = max(abs(x - y) for x, y in zip(losses_two, losses_one))
-    assert worst_loss < 1e-5, f"per-step losses differ by up to {worst_loss}"
+    assert worst_loss < 2e-3, f"per-step losses differ by up to {worst_loss}"
 
     p_two = load_checkpoint(two / "checkpoints" / "last.pt")["model"]
     p_one = load_checkpoint(one / "checkpoints" / "last.pt")["model"]
     assert p_two.keys() == p_one.keys()
+    floats = [k for k in p_one if p_one[k].is_floating_point()]
     worst_param = max((p_two[k].double() - p_one[k].double()).abs().max().item()
-                      for k in p_one if p_one[k].is_floating_point())
-    assert worst_param < 1e-4, f"final parameters/buffers differ by up to {worst_param}"
+                      for k in floats if "running" not in k)
+    assert worst_param < 2e-3, f"final parameters differ by up to {worst_param}"
+    worst_stat = max(((p_two[k].double() - p_one[k].double()).abs().max() / p_one[k].double().abs().max()).item()
+                     for k in floats if "running" in k)
+    assert worst_stat < 1e-2, f"BN running statistics differ by up to {worst_stat} (relative)"
