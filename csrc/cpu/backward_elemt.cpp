@@ -4,7 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros_like.h>
 
-#include "cpu_ops.h"
+#include "../ops.h"
 #include "elementwise.h"
 #include "vec_io.h"
 

@@ -3,7 +3,7 @@
 // their precision; the extra subtraction is free in a memory-bound loop.
 #include <ATen/Dispatch.h>
 
-#include "cpu_ops.h"
+#include "../ops.h"
 #include "elementwise.h"
 #include "vec_io.h"
 

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "cpu_ops.h"
+#include "../ops.h"
 #include "layout.h"
 
 namespace syncbn::cpu {

@@ -4,7 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
 
-#include "cpu_ops.h"
+#include "../ops.h"
 #include "layout.h"
 #include "vec_io.h"
 

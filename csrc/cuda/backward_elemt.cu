@@ -8,7 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "launch.cuh"
-#include "syncbn_cuda.cuh"
+#include "../ops.h"
 
 namespace syncbn::cuda {
 namespace detail {
