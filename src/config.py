@@ -41,6 +41,10 @@ class OptimConfig:
     weight_decay: float = 5e-4
     exclude_bias_and_norm_from_weight_decay: bool = True
     head_lr_mult: float = 1.0
+    # One fused kernel per step instead of a Python loop over parameters (torch.optim's `fused=`):
+    # null = wherever torch supports it for the model's parameters (CPU and CUDA floats), true = required
+    # (an error if unsupported), false = torch's default implementation.
+    fused: Optional[bool] = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""

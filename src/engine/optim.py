@@ -16,6 +16,9 @@ from src.models import param_groups
 
 log = logging.getLogger(__name__)
 
+# Devices whose fused SGD/AdamW kernels we rely on (torch checks only when stepping, too late for an error).
+FUSED_DEVICE_TYPES = ("cpu", "cuda")
+
 
 def effective_lr(optim_cfg: Any, effective_batch: int) -> float:
     """optim.lr, scaled by effective_batch / reference_batch_size when that is set (linear scaling rule)."""
@@ -32,8 +35,22 @@ def build_optimizer(model: nn.Module, optim_cfg: Any, effective_batch: int) -> t
     groups = param_groups(model, optim_cfg.head_lr_mult, weight_decay=optim_cfg.weight_decay,
                           no_decay_norm_bias=optim_cfg.exclude_bias_and_norm_from_weight_decay, base_lr=lr)
     if optim_cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
+        cls: type[torch.optim.Optimizer] = torch.optim.SGD
+        kwargs: dict[str, Any] = {"momentum": optim_cfg.momentum, "nesterov": optim_cfg.nesterov}
+    else:
+        cls, kwargs = torch.optim.AdamW, {"betas": tuple(optim_cfg.betas), "eps": optim_cfg.eps}
+    fused = getattr(optim_cfg, "fused", None)
+    unfusable = sorted({f"{p.dtype} on {p.device.type}" for group in groups for p in group["params"]
+                        if not (p.is_floating_point() and p.device.type in FUSED_DEVICE_TYPES)})
+    if fused and unfusable:
+        raise ValueError(f"optim.fused=true: the fused {cls.__name__} takes floating-point parameters on "
+                         f"{' or '.join(FUSED_DEVICE_TYPES)}, this model has {', '.join(unfusable)}; "
+                         "set optim.fused=null (fuse where possible) or false")
+    if fused is None:
+        # torch's default on CPU is a Python loop over the parameters: for DeepLabV3+-ResNet18 (12M
+        # parameters, 1 thread) AdamW takes ~54 ms per step that way and ~9 ms fused, a sixth of a step.
+        fused = not unfusable
+    return cls(groups, lr=lr, fused=True, **kwargs) if fused else cls(groups, lr=lr, **kwargs)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, sched_cfg: Any, steps_per_epoch: int,
