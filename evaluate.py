@@ -2,12 +2,14 @@
 or the same under `torchrun --nproc_per_node=W` (the metrics do not depend on W)."""
 import hydra
 from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
 
 import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
 from src.engine.evaluate_run import run
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base=None)
+@record  # under torchrun: the exception and traceback go to the error file its summary prints
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: everything else happens in src.engine.evaluate_run.run."""
     run(cfg)

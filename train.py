@@ -4,6 +4,7 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
 
 import src.config  # noqa: F401  (registers the structured-config schema used by conf/train.yaml)
 from src.engine.train import run
@@ -14,6 +15,7 @@ if os.environ.get("RANK", "0") != "0":
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
+@record  # under torchrun: the exception and traceback go to the error file its summary prints
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: everything else happens in src.engine.train.run."""
     run(cfg)

@@ -63,6 +63,11 @@ def test_bad_config_fails_on_every_rank_before_any_process_group(tmp_path: Path)
     assert "trainer.grad_accum_steps must be > 0, got 0" in result.stdout
     assert "run dir" not in result.stdout  # failed in validation, before init_distributed and the run dir
     assert time.monotonic() - started < 180
+    # train.main is wrapped in torchrun's @record: its failure summary names each rank's error file and
+    # carries the exception, instead of "error_file: <N/A>" and a link to the docs.
+    summary = result.stdout[result.stdout.index("Root Cause"):]
+    assert "error_file: <N/A>" not in summary and "To enable traceback" not in summary
+    assert "trainer.grad_accum_steps must be > 0" in summary
 
 
 @pytest.mark.slow
