@@ -70,7 +70,8 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
         model = build_resnet_classifier(name, num_classes, norm_layer, mcfg.zero_init_residual)
     else:
         model = build_deeplab(name, num_classes, norm_layer, mcfg.output_stride, aux=mcfg.aux_loss_weight > 0,
-                              head_channels=mcfg.head_channels, zero_init_residual=mcfg.zero_init_residual)
+                              head_channels=mcfg.head_channels, zero_init_residual=mcfg.zero_init_residual,
+                              decoder_stride=mcfg.decoder_stride)
     model = finalize_norms(model, ncfg)
     # Weights are loaded after the norm conversion: bn / syncbn / frozen_bn share state_dict keys.
     if weights_files and mcfg.backbone_weights:

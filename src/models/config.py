@@ -33,6 +33,9 @@ class ModelConfig:
     aux_loss_weight: float = 0.0
     # Segmentation only: width of the ASPP / decoder convolutions (256 in the papers and in torchvision).
     head_channels: int = 256
+    # DeepLabV3+ only: output stride of the decoder's logits. 4 = the paper's decoder on layer1 features;
+    # 2 = a further stage on the stem's features, for small images (64 px: 32x32 logits instead of 16x16).
+    decoder_stride: int = 4
     # CIFAR ResNets only: "A" = parameter-free identity shortcut with zero-padded channels (the paper's
     # CIFAR choice, 0.27M params for ResNet-20), "B" = 1x1 conv + norm projection when the shape changes.
     cifar_shortcut: str = "A"
@@ -61,6 +64,11 @@ class ModelConfig:
                              f"model.aux_loss_weight=0 for {self.name}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
+        if self.decoder_stride not in (2, 4):
+            raise ValueError(f"model.decoder_stride must be 4 or 2, got {self.decoder_stride}")
+        if self.decoder_stride != 4 and not self.name.startswith("deeplabv3plus_"):
+            raise ValueError(f"model.decoder_stride={self.decoder_stride} applies only to DeepLabV3+ "
+                             f"(deeplabv3plus_*); set model.decoder_stride=4 for {self.name}")
         if self.cifar_shortcut not in ("A", "B"):
             raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
         if self.weights and self.backbone_weights:

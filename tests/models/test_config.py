@@ -85,6 +85,8 @@ def test_every_model_name_has_a_task() -> None:
     ({"aux_loss_weight": 0.4}, "model.aux_loss_weight applies only to segmentation models"),
     ({"cifar_shortcut": "C"}, "model.cifar_shortcut must be A or B"),
     ({"head_channels": 0}, "model.head_channels must be >= 1"),
+    ({"name": "deeplabv3plus_resnet18", "decoder_stride": 8}, "model.decoder_stride must be 4 or 2, got 8"),
+    ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride=2 applies only to DeepLabV3\\+"),
     ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
     ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
 ])

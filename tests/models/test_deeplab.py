@@ -48,6 +48,28 @@ def test_deeplabv3plus_decoder_layout() -> None:
     assert head.fuse[3].kernel_size == (3, 3) and head.classifier.out_channels == 5
 
 
+@pytest.mark.parametrize("norm", ["bn", "syncbn"])
+def test_stride2_decoder_uses_the_stem_and_keeps_the_stride4_layout(norm: str) -> None:
+    """decoder_stride=2: logits at 1/2 of the input from a stage on the stem's features; the rest unchanged."""
+    base = {"name": "deeplabv3plus_resnet18", "output_stride": 16, "aux_loss_weight": 0.5, "head_channels": 32}
+    torch.manual_seed(0)
+    model = build_model({**base, "decoder_stride": 2}, {"name": norm}, 4)
+    stride4 = build_model(base, {"name": norm}, 4).state_dict()
+    extra = {k: v.shape for k, v in model.state_dict().items() if k not in stride4}
+    assert all(k.startswith(("classifier.project_fine.", "classifier.refine.")) for k in extra) and extra
+    assert model.classifier.project_fine[0].in_channels == 64  # the stem's conv1 output
+    assert model.classifier.refine[0].in_channels == 32 + 16 and model.classifier.classifier.in_channels == 16
+    assert type(model.classifier.refine[1]).__name__ == type(model.classifier.fuse[1]).__name__  # norm injected
+    seen = {}
+    model.classifier.classifier.register_forward_hook(lambda mod, args, out: seen.setdefault("logits", out))
+    x = torch.randn(2, 3, 35, 49)
+    out = model(x)
+    assert seen["logits"].shape[-2:] == (18, 25)  # stem: ceil(35/2), ceil(49/2)
+    assert all(v.shape == (2, 4, 35, 49) for v in out.values())
+    out["out"].mean().backward()
+    assert model.classifier.project_fine[0].weight.grad.abs().sum() > 0
+
+
 def test_head_layout_is_torchvisions() -> None:
     ours, theirs = deeplab_head(512, 7, (12, 24, 36)).state_dict(), DeepLabHead(512, 7).state_dict()
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}

@@ -8,14 +8,15 @@ from torch import nn
 from src.models import NORM_TYPES, FrozenBatchNorm2d, build_model, count_norm_layers
 
 # Small configurations that still contain every kind of norm position: stems, blocks, projection
-# shortcuts, ASPP (incl. its pooling branch), the DeepLabV3+ decoder and the aux FCN head.
+# shortcuts, ASPP (incl. its pooling branch), the DeepLabV3+ decoder (both strides) and the aux FCN head.
 MODELS = [
     {"name": "resnet20", "cifar_shortcut": "B"},
     {"name": "resnet18"},
     {"name": "deeplabv3_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
     {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
+    {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32, "decoder_stride": 2},
 ]
-IDS = [m["name"] for m in MODELS]
+IDS = [m["name"] + ("_decoder_stride2" if m.get("decoder_stride") == 2 else "") for m in MODELS]
 
 
 def syncbn_types() -> tuple[type, ...]:
