@@ -39,7 +39,7 @@ def build_optimizer(model: nn.Module, optim_cfg: Any, effective_batch: int) -> t
         kwargs: dict[str, Any] = {"momentum": optim_cfg.momentum, "nesterov": optim_cfg.nesterov}
     else:
         cls, kwargs = torch.optim.AdamW, {"betas": tuple(optim_cfg.betas), "eps": optim_cfg.eps}
-    fused = getattr(optim_cfg, "fused", None)
+    fused = optim_cfg.fused
     unfusable = sorted({f"{p.dtype} on {p.device.type}" for group in groups for p in group["params"]
                         if not (p.is_floating_point() and p.device.type in FUSED_DEVICE_TYPES)})
     if fused and unfusable:

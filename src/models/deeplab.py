@@ -109,9 +109,10 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
 
     decoder_stride (DeepLabV3+ only): 4 = the paper's decoder on layer1; 2 = also a stage on the stem's features.
     """
-    if decoder_stride not in (2, 4):
-        raise ValueError(f"decoder_stride must be 4 or 2, got {decoder_stride}")
     variant, backbone_name = name.split("_", 1)
+    if decoder_stride not in (2, 4) or (decoder_stride == 2 and variant != "deeplabv3plus"):
+        raise ValueError(f"decoder_stride must be 4, or 2 for DeepLabV3+ (deeplabv3plus_*); got {decoder_stride} "
+                         f"for {name}")
     dilate, rates = OUTPUT_STRIDES[output_stride]
     resnet = build_dilated_resnet(backbone_name, norm_layer, dilate, zero_init_residual)
     channels = feature_channels(backbone_name)
@@ -122,8 +123,6 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
         return_layers["layer1"] = "low_level"
         if decoder_stride == 2:
             return_layers["relu"] = "fine"  # the stem's conv1-bn1-relu output, before the max-pool
-    elif decoder_stride != 4:
-        raise ValueError(f"decoder_stride={decoder_stride} needs a DeepLabV3+ model (deeplabv3plus_*), not {name}")
     backbone = IntermediateLayerGetter(resnet, return_layers=return_layers)  # drops avgpool and fc
     aux_classifier = FCNHead(channels["layer3"], num_classes) if aux else None
     if variant == "deeplabv3":
@@ -131,7 +130,7 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
                                      aux_classifier)
     else:
         head = DeepLabV3PlusHead(channels["layer4"], channels["layer1"], num_classes, rates, head_channels,
-                                 fine_channels=64 if decoder_stride == 2 else 0)  # every ResNet's stem: 64
+                                 fine_channels=channels["stem"] if decoder_stride == 2 else 0)
         model = DeepLabV3Plus(backbone, head, aux_classifier)
     # torchvision's ASPP, DeepLabHead and FCNHead hard-code nn.BatchNorm2d: swap in the configured norm.
     model.classifier = replace_batchnorm2d(model.classifier, norm_layer)

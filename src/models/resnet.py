@@ -76,6 +76,6 @@ def build_dilated_resnet(name: str, norm_layer: NormLayer, dilate: Sequence[bool
 
 
 def feature_channels(name: str) -> dict[str, int]:
-    """Output channels of layer1 / layer3 / layer4 for a ResNet name."""
+    """Output channels of the stem (conv1) / layer1 / layer3 / layer4 for a ResNet name."""
     expansion = 1 if _LAYOUTS[name][0] == "basic" else 4
-    return {"layer1": 64 * expansion, "layer3": 256 * expansion, "layer4": 512 * expansion}
+    return {"stem": 64, "layer1": 64 * expansion, "layer3": 256 * expansion, "layer4": 512 * expansion}
