@@ -94,6 +94,16 @@ def init_distributed(
     )
 
 
+def is_timeout(err: BaseException) -> bool:
+    """True for the error a collective raises when its process group's timeout expires.
+
+    gloo raises a plain RuntimeError ("Timed out waiting 20000ms for recv operation"), so this goes by
+    the text, and only while a process group exists (a one-process run has no collectives to time out).
+    """
+    text = str(err).lower()
+    return is_initialized() and isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
 def destroy() -> None:
     """Tear the default group down (safe to call when none exists)."""
     if is_initialized():

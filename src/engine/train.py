@@ -49,7 +49,17 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
                  device, threads or "-")
         if tracker.writer is not None:
             log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
-        return _train(cfg, typed, device, run_dir, tracker)
+        try:
+            return _train(cfg, typed, device, run_dir, tracker)
+        except RuntimeError as err:
+            if not dist.is_timeout(err):
+                raise
+            # gloo / NCCL say only "Timed out waiting 20000ms": name the setting and the usual causes.
+            raise RuntimeError(
+                f"a collective waited longer than trainer.dist_timeout_s={cfg.trainer.dist_timeout_s:g} s: "
+                "another rank died, hung or stalled (see its log). If steps or evaluations are legitimately "
+                "that slow, raise trainer.dist_timeout_s. Checkpoints already written are intact."
+            ) from err
     finally:
         if tracker is not None:
             has_events = tracker.writer is not None

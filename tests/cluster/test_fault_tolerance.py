@@ -120,6 +120,8 @@ def test_stalled_rank_becomes_timeout_error(tmp_path: Path, jobs: list[Job], syn
     assert STALL_TIMEOUT_S - 2 <= waited <= STALL_TIMEOUT_S + 60, f"rank 0 exited {waited:.1f} s after the stall"
     assert any(word in error.lower() for word in ("timed out", "timeout")), (
         "the error should say that a collective timed out:\n" + error[-4000:])
+    assert f"trainer.dist_timeout_s={STALL_TIMEOUT_S} s" in error, (
+        "the error should name the setting that decides the timeout:\n" + error[-4000:])
 
 
 # --- atomic checkpoint writes ---------------------------------------------------------------------
