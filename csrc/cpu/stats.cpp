@@ -33,54 +33,15 @@ inline void accumulate_plane(const scalar_t* p, int64_t len, Moments& m) {
 // (sum -> mean -> deviations -> merge) overlap instead of serialising; pass 2 reads from L1/L2.
 template <typename scalar_t>
 void accumulate_plane_group(const scalar_t* p, int64_t S, int64_t G, Moments* m) {
-  using IO = VecIO<scalar_t>;
-  using acc_t = typename IO::acc_t;
-  using AVec = typename IO::AVec;
+  using acc_t = typename VecIO<scalar_t>::acc_t;
   constexpr int64_t kMaxGroup = 256;
   acc_t mean0[kMaxGroup];
-  const int64_t vec_end = S - S % IO::kStep;
   const acc_t inv_s = acc_t(1) / static_cast<acc_t>(S);
-  AVec a, b;
-  for (int64_t g = 0; g < G; ++g) {
-    const scalar_t* q = p + g * S;
-    AVec s0(0), s1(0);
-    for (int64_t i = 0; i < vec_end; i += IO::kStep) {
-      IO::load(q + i, a, b);
-      s0 += a;
-      s1 += b;
-    }
-    if (vec_end < S) {
-      IO::load_tail(q + vec_end, S - vec_end, acc_t(0), a, b);
-      s0 += a;
-      s1 += b;
-    }
-    mean0[g] = hsum<acc_t>(s0 + s1) * inv_s;
-  }
+  for (int64_t g = 0; g < G; ++g) mean0[g] = contiguous_sum(p + g * S, S) * inv_s;
   const double dl = static_cast<double>(S);
   for (int64_t g = 0; g < G; ++g) {
-    const scalar_t* q = p + g * S;
-    const AVec vm(mean0[g]);
-    AVec d0(0), d1(0), q0(0), q1(0);
-    for (int64_t i = 0; i < vec_end; i += IO::kStep) {
-      IO::load(q + i, a, b);
-      a -= vm;
-      b -= vm;
-      d0 += a;
-      d1 += b;
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
-    }
-    if (vec_end < S) {
-      IO::load_tail(q + vec_end, S - vec_end, mean0[g], a, b);  // padded lanes: d = 0
-      a -= vm;
-      b -= vm;
-      d0 += a;
-      d1 += b;
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
-    }
-    const double sd = static_cast<double>(hsum<acc_t>(d0 + d1));
-    const double sq = static_cast<double>(hsum<acc_t>(q0 + q1));
+    double sd, sq;
+    centered_sums(p + g * S, S, mean0[g], sd, sq);
     m[g].merge(S, static_cast<double>(mean0[g]) + sd / dl, std::max(0.0, sq - sd * sd / dl));
   }
 }

@@ -110,10 +110,9 @@ struct Moments {
   inline void merge(const Moments& o) { merge(o.n, o.mean, o.m2); }
 };
 
-// Mean and M2 of `len` contiguous values in two passes over data that is already in L1/L2 (the
-// caller tiles), with the corrected two-pass formula: M2 = sum(d^2) - sum(d)^2/len, d = x - mean0.
+// Pass 1: the sum of `len` contiguous values (two accumulators hide the add latency).
 template <typename scalar_t>
-inline void contiguous_moments(const scalar_t* p, int64_t len, double& mean_out, double& m2_out) {
+inline typename VecIO<scalar_t>::acc_t contiguous_sum(const scalar_t* p, int64_t len) {
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
@@ -129,29 +128,48 @@ inline void contiguous_moments(const scalar_t* p, int64_t len, double& mean_out,
     s0 += a;
     s1 += b;
   }
-  const acc_t mean0 = hsum<acc_t>(s0 + s1) / static_cast<acc_t>(len);
+  return hsum<acc_t>(s0 + s1);
+}
+
+// Pass 2 over the same values: sum(d) and sum(d^2), d = x - mean0, for the corrected two-pass formula
+// M2 = sum(d^2) - sum(d)^2/len (exact even when mean0 is off by rounding).
+template <typename scalar_t>
+inline void centered_sums(const scalar_t* p, int64_t len, typename VecIO<scalar_t>::acc_t mean0, double& sd,
+                          double& sq) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  const int64_t vec_end = len - len % IO::kStep;
   const AVec vm(mean0);
-  AVec d0(0), d1(0), q0(0), q1(0);
-  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
-    IO::load(p + i, a, b);
+  AVec d0(0), d1(0), q0(0), q1(0), a, b;
+  const auto add = [&]() {
     a -= vm;
     b -= vm;
     d0 += a;
     d1 += b;
     q0 = at::vec::fmadd(a, a, q0);
     q1 = at::vec::fmadd(b, b, q1);
+  };
+  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
+    IO::load(p + i, a, b);
+    add();
   }
   if (vec_end < len) {
     IO::load_tail(p + vec_end, len - vec_end, mean0, a, b);  // padded lanes give d = 0 exactly
-    a -= vm;
-    b -= vm;
-    d0 += a;
-    d1 += b;
-    q0 = at::vec::fmadd(a, a, q0);
-    q1 = at::vec::fmadd(b, b, q1);
+    add();
   }
-  const double sd = static_cast<double>(hsum<acc_t>(d0 + d1));
-  const double sq = static_cast<double>(hsum<acc_t>(q0 + q1));
+  sd = static_cast<double>(hsum<acc_t>(d0 + d1));
+  sq = static_cast<double>(hsum<acc_t>(q0 + q1));
+}
+
+// Mean and M2 of `len` contiguous values in two passes over data that is already in L1/L2 (the
+// caller tiles).
+template <typename scalar_t>
+inline void contiguous_moments(const scalar_t* p, int64_t len, double& mean_out, double& m2_out) {
+  using acc_t = typename VecIO<scalar_t>::acc_t;
+  const acc_t mean0 = contiguous_sum(p, len) / static_cast<acc_t>(len);
+  double sd, sq;
+  centered_sums(p, len, mean0, sd, sq);
   const double dl = static_cast<double>(len);
   mean_out = static_cast<double>(mean0) + sd / dl;
   m2_out = std::max(0.0, sq - sd * sd / dl);
