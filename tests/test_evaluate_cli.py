@@ -2,8 +2,12 @@
 alone and under torchrun, for classification and segmentation, and exports complete, ordered predictions.
 
 Real subprocesses (`python train.py`, `torchrun ... evaluate.py`), tiny sizes, one CPU thread each.
-Equality is exact: evaluation is a deterministic function of (weights, config) and does not depend on
-the world size (tests/engine/test_evaluator.py shows why), so any difference is a bug.
+Counted metrics (top-1/top-5, the confusion-matrix metrics) must be equal exactly: they are sums of
+integers over every sample once, whatever the world size. Float losses are compared to LOSS_RTOL: batch
+boundaries move with the world size, and oneDNN picks kernels by batch shape and CPU, so a sample's
+logits may differ in the last float32 bits (one ulp is 1.2e-7 relative; an Intel Xeon run differed by
+5e-9 relative on the mean loss). A real bug (a sample counted twice, other weights) moves the loss by
+far more than 1e-6.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ SEG_OVERRIDES = [
     "data.base_size=32", "data.batch_size=4", "data.variable_val_size=true", "optim.lr=0.01",
     "sched=poly", "trainer.epochs=1", "trainer.max_steps=2",
 ]
+LOSS_RTOL = 1e-6
+# Keys of a metrics row that are float means, not counts: equal only up to float32 rounding (module docstring).
+FLOAT_KEYS = ("loss",)
 QUIET = ["trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.num_threads=1"]
 
 
@@ -59,12 +66,15 @@ def last_val_row(run_dir: Path) -> dict:
 
 
 def assert_reproduces(evaluated: dict, logged: dict, prefix: str = "") -> None:
-    """Every metric of the evaluation equals the trainer's (NaN == NaN for absent classes)."""
+    """Counted metrics equal the trainer's exactly (NaN == NaN for absent classes), losses to LOSS_RTOL."""
     for key, value in evaluated.items():
         if key in ("split", "epoch", "step", "checkpoint", "weights", "world_size"):
             continue
         expected = logged[prefix + key]
-        assert (math.isnan(value) and math.isnan(expected)) or value == expected, (key, value, expected)
+        if key in FLOAT_KEYS:
+            assert value == pytest.approx(expected, rel=LOSS_RTOL, abs=0.0), (key, value, expected)
+        else:
+            assert (math.isnan(value) and math.isnan(expected)) or value == expected, (key, value, expected)
     assert evaluated["step"] == logged["step"] and evaluated["epoch"] == logged["epoch"]
 
 
