@@ -1,0 +1,69 @@
+"""Name -> builder registries: what `data.name` and `model.name` can be, in one place each.
+
+Adding a dataset or a model is one decorated function in the module that builds it; config validation,
+the task checks and the error messages all read the registry, so there are no name lists to keep in step.
+
+    MODELS = Registry("model.name")
+
+    @MODELS.register("resnet20", task="classification")
+    def build_resnet20(cfg, norm_layer, num_classes): ...
+
+    MODELS.get("resnet20").builder(...)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, TypeVar
+
+TASKS = ("classification", "segmentation")
+
+Builder = TypeVar("Builder", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered name: its builder, its task and whatever else its family needs to say about it."""
+
+    name: str
+    builder: Callable[..., Any]
+    task: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry:
+    """Names a config key may take, each with a builder; `get` fails with the list of valid names."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the config key whose values name entries ("data.name"), for messages
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, *, task: str, **info: Any) -> Callable[[Builder], Builder]:
+        """Decorator: register `builder` under `name` for `task` ("classification" or "segmentation")."""
+        if task not in TASKS:
+            raise ValueError(f"{self.key}={name!r}: task must be one of {TASKS}, got {task!r}")
+
+        def add(builder: Builder) -> Builder:
+            if name in self._entries:
+                raise ValueError(f"{self.key}={name!r} is registered twice "
+                                 f"({self._entries[name].builder.__module__} and {builder.__module__})")
+            self._entries[name] = Entry(name, builder, task, dict(info))
+            return builder
+
+        return add
+
+    def get(self, name: str) -> Entry:
+        """The entry for `name`; ValueError naming the key and every registered name otherwise."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ValueError(f"{self.key} must be one of {', '.join(self.names())}; got {name!r}") from None
+
+    def names(self, task: str | None = None) -> tuple[str, ...]:
+        """Registered names in registration order, optionally only those of one task."""
+        return tuple(n for n, e in self._entries.items() if task is None or e.task == task)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
