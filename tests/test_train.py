@@ -32,13 +32,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=nproc train.py overrides` (plain `python train.py` for 0)."""
+def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S,
+           script: str = "train.py") -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=nproc script overrides` (plain `python script` for 0)."""
     if nproc == 0:
-        argv = [sys.executable, "train.py", *overrides]
+        argv = [sys.executable, script, *overrides]
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "train.py", *overrides]
+                script, *overrides]
     # Own session, so a timeout kills exactly this job's processes (agent and workers).
     proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
