@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src import dist
 from src.engine.evaluator import evaluate
+from src.engine.seeding import configure_threads
 
 # Keys of conf/evaluate.yaml that belong to evaluate.py itself; every other section overrides the
 # training config stored in the checkpoint.
@@ -42,9 +42,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     owns_group = not dist.is_initialized()
     dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
     try:
-        # As in training: 0 means this node's cores shared among its processes (no oversubscription).
-        threads = train_cfg.trainer.num_threads or max(1, (os.cpu_count() or 1) // dist.get_local_world_size())
-        torch.set_num_threads(threads)
+        if device.type == "cpu":  # as in training: this process's share of the node's cores
+            configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())
         metrics = _evaluate(train_cfg, task_of(train_cfg), weights, device, cfg.export)
         if dist.is_main_process():
             record = {"split": "val", "epoch": trained_epoch(ckpt), "step": ckpt.get("step"), **metrics,
