@@ -7,6 +7,7 @@ every rank with a message that names the key instead of hanging a job.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -164,6 +165,10 @@ class TrainConfig:
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+# `${on_rank_zero:VALUE}`: VALUE in the process of global rank 0 (or without torchrun), else null. Hydra runs
+# in every torchrun process; conf/train.yaml uses this so that only rank 0 writes .hydra/ into the run dir.
+OmegaConf.register_new_resolver("on_rank_zero", lambda value: value if os.environ.get("RANK", "0") == "0" else None,
+                                replace=True)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> DictConfig:
