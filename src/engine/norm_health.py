@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,6 +36,14 @@ def mismatched_tensors(model: nn.Module) -> list[str]:
     per_rank = dist.all_gather_object(tensor_digests(model))
     reference = per_rank[0]
     return sorted({name for digests in per_rank[1:] for name, d in digests.items() if reference.get(name) != d})
+
+
+def buffer_sync_mode(cfg: Any) -> str:
+    """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
+    for per-rank BN (norm=bn without DDP's per-forward buffer broadcast), else "none" (already equal)."""
+    if cfg.norm.name == "bn" and not cfg.trainer.broadcast_buffers:
+        return cfg.trainer.norm_buffer_sync
+    return "none"
 
 
 def sync_bn_buffers(model: nn.Module, mode: str) -> int:
