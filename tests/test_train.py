@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,24 @@ def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_r
     assert "hydra.run.dir=<that run dir> trainer.resume=auto" in result.stdout
     assert f"resume it with hydra.run.dir={earlier} trainer.resume=auto" in result.stdout
     assert len(list((tmp_path / "outputs").iterdir())) == 2  # the new run went to its own dir
+
+
+def test_a_diverging_run_stops_on_every_rank_and_keeps_the_last_finite_checkpoint(tmp_path: Path) -> None:
+    """optim.lr=1e6 on 2 processes: a non-zero exit, every rank raising the error that names the step and the
+    usual causes (none left waiting in a collective), and last.pt still finite."""
+    run_dir = tmp_path / "run"
+    job = [*TINY, "norm=bn", "data.train_size=64", "data.image_size=8", "data.batch_size=4", "trainer.epochs=2",
+           "optim.lr=1e6", "trainer.checkpoint_every=1", "trainer.log_every=2", "trainer.tensorboard=false",
+           "trainer.dist_timeout_s=120", f"hydra.run.dir={run_dir}"]
+    result = launch(2, job)
+    assert result.returncode != 0
+    for rank in (0, 1):  # each rank raised by itself (torchrun would otherwise have killed a waiting one)
+        assert re.search(rf"\[rank{rank}\]: src\.engine\.finite\.NonFiniteError: training diverged: .* at (optimizer )?"
+                         r"step \d+.*Usual causes: a learning rate too high", result.stdout), result.stdout[-4000:]
+    assert "timed out" not in result.stdout.lower()
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert all(bool(torch.isfinite(v).all()) for v in last["model"].values() if v.is_floating_point())
+    assert last["step"] >= 1
 
 
 @pytest.mark.slow
