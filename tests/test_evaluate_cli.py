@@ -81,8 +81,10 @@ def assert_reproduces(evaluated: dict, logged: dict, prefix: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def cls_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 processes with per-rank BN (norm=bn) and an EMA: the checkpoint must hold the BN statistics of model
+    and EMA that the logged metrics were computed with (made equal across ranks before evaluating)."""
     run_dir = tmp_path_factory.mktemp("cls_run")
-    run_cmd([sys.executable, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}"])
+    torchrun(2, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}")
     return run_dir
 
 
