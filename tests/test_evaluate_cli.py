@@ -155,6 +155,20 @@ def test_missing_or_absent_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         run(_compose(f"ckpt={tmp_path / 'nope.pt'}"))
 
 
+def test_another_model_or_a_broken_file_is_a_clear_error(tmp_path: Path) -> None:
+    from tests.engine.legacy_checkpoint import write_format_v0
+
+    ckpt = tmp_path / "last.pt"
+    write_format_v0(ckpt, ["model=resnet20", "data.image_size=16", "trainer.ema=true"], epoch=1, step=4,
+                    steps_per_epoch=4)
+    with pytest.raises(ValueError, match=rf"weights in {ckpt} do not fit.*model.name=resnet20.*model.name=resnet32"):
+        run(_compose(f"ckpt={ckpt}", "+model.name=resnet32", "trainer.num_threads=1", "+data.val_size=8"))
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"checkpoint {cut} cannot be read"):
+        run(_compose(f"ckpt={cut}"))
+
+
 def test_command_line_overrides_reach_the_training_config() -> None:
     cfg = _compose("ckpt=x.pt", "data.root=/datasets", "data.eval_batch_size=4", "trainer.amp=bf16",
                    "+data.val_size=50")
