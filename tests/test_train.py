@@ -59,6 +59,16 @@ def rows(run_dir: Path, split: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
+def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) -> tuple[Path, Path]:
+    """Run `common` as 2 processes x batch with norm=syncbn and as 1 process x 2*batch with norm=bn."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    a = launch(2, [*common, "norm=syncbn", f"data.batch_size={batch}", f"hydra.run.dir={two}"])
+    assert a.returncode == 0, a.stdout[-4000:]
+    b = launch(0, [*common, "norm=bn", f"data.batch_size={2 * batch}", f"hydra.run.dir={one}"])
+    assert b.returncode == 0, b.stdout[-4000:]
+    return two, one
+
+
 def test_bad_config_fails_on_every_rank_before_any_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
     result = launch(2, [*TINY, "trainer.grad_accum_steps=0", f"hydra.run.dir={tmp_path / 'run'}"], timeout=180)
@@ -177,12 +187,7 @@ def test_float64_two_process_syncbn_equals_one_process_bn_for_50_steps(tmp_path:
     """
     common = [*TINY, "data.train_size=400", "data.val_size=16", "data.image_size=8", "trainer.epochs=1",
               "trainer.log_every=1", "trainer.tensorboard=false", "sched.warmup_epochs=0", "trainer.dtype=float64"]
-    two, one = tmp_path / "two", tmp_path / "one"
-    a = launch(2, [*common, "norm=syncbn", "data.batch_size=4", f"hydra.run.dir={two}"])
-    assert a.returncode == 0, a.stdout[-4000:]
-    b = launch(0, [*common, "norm=bn", "data.batch_size=8", f"hydra.run.dir={one}"])
-    assert b.returncode == 0, b.stdout[-4000:]
-
+    two, one = syncbn_on_two_vs_bn_on_one(tmp_path, common, batch=4)
     losses_two = [r["loss"] for r in rows(two, "train")]
     losses_one = [r["loss"] for r in rows(one, "train")]
     assert len(losses_two) == len(losses_one) == 50
@@ -217,11 +222,7 @@ def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Pa
     """
     common = [*TINY, "data.train_size=128", "trainer.deterministic=true", "trainer.epochs=1",
               "trainer.log_every=1", "trainer.tensorboard=false", "optim.lr=0.02", "sched.warmup_epochs=0"]
-    two, one = tmp_path / "two", tmp_path / "one"
-    a = launch(2, [*common, "norm=syncbn", "data.batch_size=16", f"hydra.run.dir={two}"])
-    assert a.returncode == 0, a.stdout[-4000:]
-    b = launch(0, [*common, "norm=bn", "data.batch_size=32", f"hydra.run.dir={one}"])
-    assert b.returncode == 0, b.stdout[-4000:]
+    two, one = syncbn_on_two_vs_bn_on_one(tmp_path, common, batch=16)
 
     losses_two = [r["loss"] for r in rows(two, "train")]
     losses_one = [r["loss"] for r in rows(one, "train")]
