@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -114,7 +115,7 @@ class Trainer:
         self.guard.check(tensors, where, f"lr now {current_lr(self.state.optimizer):.4g}, "
                                          f"trainer.amp={self.settings.amp}, trainer.dtype={self.settings.dtype}")
 
-    def save_checkpoint(self) -> Optional[Any]:
+    def save_checkpoint(self) -> Optional[Path]:
         """Write last.pt (and a best-k file when the current weights were evaluated). A collective.
 
         Never writes non-finite weights: the finiteness check comes first.
