@@ -1,6 +1,9 @@
 """Model builders: CIFAR and ImageNet ResNets, DeepLabV3/V3+, any timm or torchvision classifier; the configured
 norm layer everywhere. Every name `model.name` can take is registered in MODELS (src/models/registry.py)."""
 
+import importlib
+import pkgutil
+
 from src.models.build import as_config, build_model, model_task
 from src.models.config import NORM_NAMES, ModelConfig, NormConfig
 from src.models.frozen_batchnorm import FrozenBatchNorm2d, FrozenBatchNormAct2d
@@ -14,3 +17,8 @@ __all__ = [
     "FrozenBatchNorm2d", "FrozenBatchNormAct2d", "NORM_TYPES", "count_norm_layers", "param_groups",
     "no_decay_parameter_names", "LoadReport", "load_weights",
 ]
+
+# Every module of this package is imported, so the builders it registers in MODELS exist before any config
+# is validated: adding a model is one decorated builder in a new file here (docs/models.md).
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

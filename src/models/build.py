@@ -7,8 +7,6 @@ from typing import Any, Mapping, TypeVar, Union
 
 from torch import nn
 
-# The family modules register their names in MODELS when imported: import every one of them here.
-from src.models import cifar_resnet, deeplab, resnet, zoo  # noqa: F401
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.models.norms import finalize_norms
 from src.models.param_groups import head_module_names

@@ -188,3 +188,30 @@ def test_accepts_dictconfig() -> None:
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
     with pytest.raises(ValueError, match="num_classes must be an int >= 1"):
         build_model(cfg, plain, 0)
+
+
+def test_one_registration_is_all_a_new_model_needs() -> None:
+    """docs/models.md "Add your own model": a decorated builder makes the name valid everywhere."""
+    from hydra import compose, initialize_config_dir
+
+    from src.config import validate_config
+    from src.models.norms import norm_layer_factory
+    from src.syncbn import SyncBatchNorm2d
+
+    @MODELS.register("my_test_net", task="classification")
+    def build_my_test_net(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> torch.nn.Module:
+        norm = norm_layer_factory(norm_cfg)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), norm(8), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, num_classes))
+
+    try:
+        assert model_task({"name": "my_test_net"}) == "classification"
+        model = build_model({"name": "my_test_net"}, {"name": "syncbn"}, 3)
+        assert type(model[1]) is SyncBatchNorm2d and model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            validate_config(compose("train", overrides=["model.name=my_test_net"]))
+            with pytest.raises(ValueError, match="model.name=my_test_net is a classification model but "
+                                                 "data.name=shapes_seg is a segmentation dataset"):
+                validate_config(compose("train", overrides=["model.name=my_test_net", "data=shapes_seg"]))
+    finally:
+        MODELS._entries.pop("my_test_net")  # the registry is process-wide: leave it as it was
