@@ -103,7 +103,8 @@ def test_every_model_name_has_a_task() -> None:
     ({"name": "torchvision", "arch": "mobilenet_v3"}, "model.arch='mobilenet_v3' is not a torchvision classification "
                                                       "model; close names: .*mobilenet_v3_large"),
     ({"name": "torchvision", "arch": "deeplabv3_resnet50"}, "is not a torchvision classification model"),
-    ({"name": "timm", "arch": "resnet18", "kwargs": {"pretrained": True}}, r"model.kwargs may not set \['pretrained'\]"),
+    ({"name": "timm", "arch": "resnet18", "kwargs": {"pretrained": True}},
+     r"model.kwargs may not set \['pretrained'\]"),
     ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
     ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
 ])
