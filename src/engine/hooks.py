@@ -11,7 +11,7 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             trainer.finishing whether this is the last call
     after_train(trainer)    once, when the loop has ended normally or by a stop request (not on an error)
 
-Hooks run in list order. The standard list (src/engine/train.py) is MetricsHook, StopAtMaxSteps,
+Hooks run in list order. The standard list (src/engine/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
 SampleGridHook, EvalHook, CheckpointHook: evaluation runs before the checkpoint that records its metrics.
 
 Controlling the loop from a hook:
@@ -42,6 +42,7 @@ from src import dist
 from src.engine.norm_health import check_norm_health
 from src.engine.optim import current_lr
 from src.engine.tracking import Tracker
+from src.models.norms import NormSync
 
 if TYPE_CHECKING:
     from src.engine.trainer import Trainer
@@ -63,6 +64,20 @@ class Hook:
 
     def after_train(self, trainer: Trainer) -> None:
         """Once, after the loop."""
+
+
+class NormSyncHook(Hook):
+    """Tells norm=syncbn's layers how many optimizer steps are done (norm.sync_until_step), after a resume
+    and after every step; a no-op for every other norm setting."""
+
+    def __init__(self, norm_sync: NormSync) -> None:
+        self.norm_sync = norm_sync
+
+    def before_train(self, trainer: Trainer) -> None:
+        self.norm_sync.on_step(trainer.state.progress.step)
+
+    def after_step(self, trainer: Trainer) -> None:
+        self.norm_sync.on_step(trainer.state.progress.step)
 
 
 class MetricsHook(Hook):

@@ -17,6 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from src import dist
 from src.models import count_norm_layers
+from src.models.norms import per_rank_statistics
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ def mismatched_tensors(model: nn.Module) -> list[str]:
 
 def buffer_sync_mode(cfg: Any) -> str:
     """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
-    for per-rank BN (norm=bn without DDP's per-forward buffer broadcast), else "none" (already equal)."""
-    if cfg.norm.name == "bn" and not cfg.trainer.broadcast_buffers:
+    when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
+    src.models.norms.per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
+    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
         return cfg.trainer.norm_buffer_sync
     return "none"
 

@@ -22,7 +22,8 @@ from src.engine.batch_mix import build_mix
 from src.engine.checkpoint import CheckpointSaver
 from src.engine.ema import build_ema
 from src.engine.evaluator import evaluate
-from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
+from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
+                              StopAtMaxSteps)
 from src.engine.losses import build_loss
 from src.engine.norm_health import buffer_sync_mode, check_norm_health
 from src.engine.optim import build_optimizer, build_scheduler, trainable
@@ -34,6 +35,7 @@ from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.logger import setup_logging
 from src.models import build_model
+from src.models.norms import NormSync
 
 log = logging.getLogger("src.engine.train")
 
@@ -44,7 +46,8 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     A stop requested with an exit code (e.g. by a preemption hook) raises SystemExit with that code
     once logs, TensorBoard and the process group are closed.
     """
-    cfg = validate_config(cfg)  # before any process group: a typo fails fast on every rank
+    # Before any process group: a typo fails fast on every rank.
+    cfg = validate_config(cfg, world_size=dist.launch_world_size())
     typed: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     device = dist.select_device(typed.device)
     threads = configure_threads(typed.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
@@ -90,6 +93,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
 
     seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(typed.model, typed.norm, data.num_classes).to(device, PRECISIONS[settings.dtype])
+    norm_sync = NormSync(model, typed.norm, settings.dist_timeout_s)  # collective with norm.group_size
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     seed_everything(typed.seed + rank)  # everything random from here (dropout, MixUp) differs per rank
@@ -101,7 +105,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
 
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, typed.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
-                      hooks=build_hooks(typed, task, data, val_loader, tracker, device),
+                      hooks=build_hooks(typed, task, data, val_loader, tracker, device, norm_sync),
                       saver=CheckpointSaver(run_dir, best_metric_of(typed), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), buffer_sync=buffer_sync_mode(typed))
     trainer.train()
@@ -128,11 +132,12 @@ def _build_state(cfg: DictConfig, typed: TrainConfig, model: torch.nn.Module, mi
 
 
 def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any, tracker: Tracker,
-                device: torch.device) -> list[Hook]:
+                device: torch.device, norm_sync: NormSync) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = typed.trainer
     evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
-    hooks: list[Hook] = [MetricsHook(tracker, settings.log_every), StopAtMaxSteps(settings.max_steps)]
+    hooks: list[Hook] = [NormSyncHook(norm_sync), MetricsHook(tracker, settings.log_every),
+                         StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, typed)))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, typed, task, data, device)))
