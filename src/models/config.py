@@ -76,11 +76,7 @@ class ModelConfig:
                              f"model.aux_loss_weight=0 for {self.name}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
-        if self.decoder_stride not in (2, 4):
-            raise ValueError(f"model.decoder_stride must be 4 or 2, got {self.decoder_stride}")
-        if self.decoder_stride != 4 and entry.info.get("family") != "deeplabv3plus":
-            raise ValueError(f"model.decoder_stride={self.decoder_stride} applies only to DeepLabV3+ "
-                             f"(deeplabv3plus_*); set model.decoder_stride=4 for {self.name}")
+        check_decoder_stride(self.name, self.decoder_stride)
         if self.cifar_shortcut not in ("A", "B"):
             raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
         if self.weights and self.backbone_weights:
@@ -93,6 +89,17 @@ class ModelConfig:
                                  f"weights file there or set model.{key}=null")
         if "check" in entry.info:  # the family's own options (e.g. model.arch exists in timm)
             entry.info["check"](self)
+
+
+def check_decoder_stride(name: str, decoder_stride: int) -> None:
+    """The one decoder_stride rule (config validation and build_deeplab): 4 for every model, 2 also for
+    DeepLabV3+, whose decoder can add a stage on the stem's features."""
+    if decoder_stride not in (2, 4):
+        raise ValueError(f"model.decoder_stride must be 4 or 2, got {decoder_stride}")
+    family = MODELS.get(name).info.get("family") if name in MODELS else None
+    if decoder_stride != 4 and family != "deeplabv3plus":
+        raise ValueError(f"model.decoder_stride={decoder_stride} applies only to DeepLabV3+ "
+                         f"(deeplabv3plus_*); set model.decoder_stride=4 for {name}")
 
 
 @dataclass
