@@ -114,6 +114,7 @@ class TrainerConfig:
     resume: str = "none"
     deterministic: bool = False
     dist_timeout_s: float = 1800.0
+    dist_init_timeout_s: float = 300.0
     ddp_bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     broadcast_buffers: bool = False
@@ -144,6 +145,7 @@ class TrainerConfig:
         if not self.resume:
             raise ValueError("trainer.resume must be none, auto or a checkpoint path, got an empty string")
         _positive("trainer.dist_timeout_s", self.dist_timeout_s)
+        _positive("trainer.dist_init_timeout_s", self.dist_init_timeout_s)
         _positive("trainer.ddp_bucket_cap_mb", self.ddp_bucket_cap_mb)
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
         _non_negative("trainer.num_threads", self.num_threads)

@@ -40,7 +40,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     device = dist.select_device(train_cfg.device)
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
+    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s,
+                          init_timeout_s=train_cfg.trainer.dist_init_timeout_s)
     try:
         # As in training: 0 means this node's cores shared among its processes (no oversubscription).
         threads = train_cfg.trainer.num_threads or max(1, (os.cpu_count() or 1) // dist.get_local_world_size())

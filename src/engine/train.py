@@ -39,7 +39,8 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     typed = OmegaConf.to_object(cfg)
     device = dist.select_device(cfg.device)
     threads = configure_threads(cfg.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
-    dist.init_distributed(device, timeout_s=cfg.trainer.dist_timeout_s)
+    dist.init_distributed(device, timeout_s=cfg.trainer.dist_timeout_s,
+                          init_timeout_s=cfg.trainer.dist_init_timeout_s)
     tracker: Optional[Tracker] = None
     try:
         run_dir = resolve_run_dir()
