@@ -26,9 +26,6 @@
 #   TRAIN_SCRIPT    the entry point                                       [train.py of this checkout]
 #   TORCHRUN        the torchrun executable                                               [torchrun]
 #   DRY_RUN=1       print the torchrun command instead of running it
-#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE  [1]: a fresh store per restart, see below; 0 restores
-#                   torchrun's default (restarts then fail with torch 2.14, unless the trainer's
-#                   process-group setup namespaces its keys per restart)
 #
 # Fault tolerance needs a fixed run directory on storage every node sees: after a restart the
 # workers are started again with the same arguments, and Hydra's default run dir contains the start
@@ -75,14 +72,6 @@ if [[ "${max_restarts}" != 0 && "${has_run_dir}" == 0 ]]; then
     echo "launch_multinode.sh: warning: MAX_RESTARTS=${max_restarts} but no hydra.run.dir=PATH override;" \
         "a restarted job starts a new run directory and cannot resume from its checkpoints" >&2
 fi
-
-# torch 2.14's torchrun keeps one rendezvous TCPStore for the whole job and hands it to every
-# restarted worker group without a per-restart key prefix: the restarted workers read the addresses
-# of the workers they replace and process-group creation fails ("Gloo connectFullMesh failed ...
-# Connection refused"; NCCL, which exchanges its id through the same store, should fail alike).
-# Opting out of the shared store gives every restart a fresh one (rank 0's node serves it on a
-# free port, which the other nodes must be able to reach, as they must for NCCL/gloo anyway).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 
 cmd=("${torchrun_bin}"
     --nnodes="${nnodes}"

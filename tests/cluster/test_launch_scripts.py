@@ -145,14 +145,18 @@ def test_sbatch_directives() -> None:
     assert any(d.startswith("--output=") for d in directives)
 
 
-def test_launcher_gives_each_restart_a_fresh_rendezvous_store(tmp_path: Path) -> None:
-    # torch 2.14's torchrun shares one TCPStore across restarts without a per-restart prefix, and
-    # the restarted workers then fail to create their process group (test_fault_tolerance.py runs
-    # the real thing). The launcher must opt out of that sharing unless told otherwise.
+def test_launcher_leaves_the_rendezvous_store_setting_to_the_user(tmp_path: Path) -> None:
+    # Restarted workers form their process group on torchrun's shared store (src/dist.py namespaces
+    # it per launch), so the launcher needs no TORCH_DISABLE_SHARE_RDZV_TCP_STORE of its own;
+    # test_restarts.py runs restarts with the variable set and unset.
     fake = tmp_path / "torchrun"
     fake.write_text('#!/usr/bin/env bash\necho "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}"\n')
     fake.chmod(0o755)
-    proc = subprocess.run([str(LAUNCHER), "hydra.run.dir=/x"], env=_env(TORCHRUN=str(fake)),
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    for given, seen in ((None, "unset"), ("1", "1")):
+        env = _env(TORCHRUN=str(fake))
+        env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        if given is not None:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = given
+        proc = subprocess.run([str(LAUNCHER), "hydra.run.dir=/x"], env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE={seen}"
