@@ -261,6 +261,15 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on at least one (one all-reduce of one integer)."""
+    if not is_initialized():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def reduce_dict(values: dict[str, float], average: bool = True) -> dict[str, float]:
     """Sum (or average) a dict of scalars over ranks in one collective; same keys on every rank."""
     if not is_initialized() or not values:
