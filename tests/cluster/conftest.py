@@ -64,3 +64,21 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, syncbn_kernels: None
     assert rc == 0, "the reference run failed:\n" + job.output()[-6000:]
     assert int(load_last_checkpoint(run_dir)["step"]) == STEPS
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalSlurm"]:
+    """A one-machine SLURM cluster (slurmctld + slurmd on 127.0.0.1) for the session; skips where it cannot run."""
+    from tests.cluster.slurm_cluster import LocalSlurm, missing_requirements
+
+    why_not = missing_requirements()
+    if why_not:
+        pytest.skip(f"no local SLURM cluster: {why_not}")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        cluster.stop()
+        pytest.skip(f"the local SLURM daemons could not start: {err}")
+    yield cluster
+    cluster.stop()

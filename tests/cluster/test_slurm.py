@@ -1,0 +1,47 @@
+"""scripts/slurm/train.sbatch run by a real SLURM (the local one-node cluster of the `slurm` fixture):
+a job that trains to the end, and a job that is told to stop (SIGUSR1, as `--signal=B:USR1@120` sends
+before a time limit), requeues itself and resumes from its checkpoint instead of starting over."""
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import CHECKPOINT_EVERY, STEPS, job_overrides
+from tests.cluster.slurm_cluster import LocalSlurm
+from tests.cluster.torchrun_harness import (
+    REPO, free_port, job_env, last_checkpoint_file, load_last_checkpoint, read_metrics, state_dict_max_diff,
+    wait_until,
+)
+
+SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
+# As in test_restarts.py: the resumed run repeats the uninterrupted run's arithmetic on this machine.
+PARAM_ATOL = 1e-5
+LOSS_RTOL = 1e-5
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _submit(slurm: LocalSlurm, tmp_path: Path, run_dir: Path, overrides: list[str]) -> str:
+    """sbatch the script as a user would, on this 2-CPU node: 1 node, 2 CPU workers, no GPUs."""
+    env = {**job_env(), "SLURM_CONF": str(slurm.conf), "GPUS_PER_NODE": "2", "RDZV_PORT": str(free_port()),
+           "RUN_DIR": str(run_dir), "SHUTDOWN_TIMEOUT": "60"}
+    argv = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2",
+            f"--output={tmp_path}/slurm-%j.out", str(SBATCH), *overrides]
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
+    return proc.stdout.strip().split(";")[0]
+
+
+def test_sbatch_job_trains_to_the_end(slurm: LocalSlurm, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = _submit(slurm, tmp_path, run_dir, job_overrides(run_dir, "trainer.max_steps=8"))
+    info = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout=300)
+    out = Path(info["StdOut"]).read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{out[-6000:]}"
+    assert f"train.sbatch: job {job} on 1 node(s)" in out
+    assert int(load_last_checkpoint(run_dir)["step"]) == 8
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
+    assert read_metrics(run_dir, "val"), "the job ends with an evaluation"
