@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.cluster.slurm_cluster import LocalSlurm, missing_requirements
 from tests.cluster.torchrun_harness import (
     NORM, REPO, TINY_JOB, Job, job_env, launch_torchrun, load_last_checkpoint,
 )
@@ -67,10 +68,8 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, syncbn_kernels: None
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalSlurm"]:
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
     """A one-machine SLURM cluster (slurmctld + slurmd on 127.0.0.1) for the session; skips where it cannot run."""
-    from tests.cluster.slurm_cluster import LocalSlurm, missing_requirements
-
     why_not = missing_requirements()
     if why_not:
         pytest.skip(f"no local SLURM cluster: {why_not}")
