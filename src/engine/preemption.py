@@ -6,9 +6,9 @@ Clusters end jobs with a signal and a grace period: SLURM sends SIGTERM (or the 
 the signal, so the optimizer step, evaluation or checkpoint write under way finishes normally. At
 the trainer's safe points (after every optimizer step, after an epoch's evaluation and checkpoint)
 every rank calls `stop_requested()`, one small collective, so all ranks stop after the same step
-even when the signal reached only some of them, or reached them at different steps. The trainer
-then writes last.pt and raises `Preempted`, which exits with EXIT_PREEMPTED; `trainer.resume=auto`
-continues exactly from there.
+even when the signal reached only some of them, or reached them at different steps.
+`PreemptionHook` does that inside the Trainer: last.pt is written, the run ends, and train.py exits
+with EXIT_PREEMPTED; `trainer.resume=auto` continues exactly from there.
 """
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ import logging
 import signal
 import time
 from types import FrameType
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from src import dist
+
+if TYPE_CHECKING:
+    from src.engine.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +48,6 @@ def parse_signals(names: Sequence[str], key: str = "trainer.preempt_signals") ->
         if sig not in parsed:
             parsed.append(sig)
     return tuple(parsed)
-
-
-class Preempted(SystemExit):
-    """Raised once the run has stopped for a signal and its checkpoint is written; exits EXIT_PREEMPTED."""
-
-    def __init__(self, signal_name: str, step: int, checkpoint: Optional[str]) -> None:
-        super().__init__(EXIT_PREEMPTED)
-        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-
-    def __str__(self) -> str:
-        saved = f"state saved to {self.checkpoint}" if self.checkpoint else "state saved"
-        return (f"stopped on {self.signal_name} after optimizer step {self.step}, {saved}; run the same command "
-                f"with trainer.resume=auto to continue (exit code {EXIT_PREEMPTED})")
 
 
 class Preemption:
@@ -136,3 +126,50 @@ def _ignore_in_data_worker(signals: tuple[int, ...], chained: Optional[Callable[
         signal.signal(sig, signal.SIG_IGN)
     if chained is not None:
         chained(worker_id)
+
+
+class PreemptionHook:
+    """The Trainer hook (src/engine/hooks.py protocol): stop with last.pt saved when a stop signal came.
+
+    Checked after every optimizer step, and after each epoch's evaluation and checkpoint (a signal
+    that arrived during them stops the run there, the epoch already saved). `loaders` are DataLoaders
+    besides the trainer's own (the validation loader) whose workers must survive the signal too.
+    """
+
+    def __init__(self, signals: Sequence[str], loaders: Sequence[Any] = ()) -> None:
+        self.preemption = Preemption(signals)
+        self.loaders = list(loaders)
+        self.stopped_after: Optional[int] = None
+
+    def before_train(self, trainer: Trainer) -> None:
+        """Install the handlers; loader workers ignore the signals (the trainer decides when to stop)."""
+        if not self.preemption.signals:
+            return
+        self.preemption.install()
+        for loader in [trainer.loader, *self.loaders]:
+            if getattr(loader, "num_workers", 0) > 0:
+                loader.worker_init_fn = self.preemption.data_worker_init(loader.worker_init_fn)
+
+    def after_step(self, trainer: Trainer) -> None:
+        """Stop after this step, with last.pt, when any rank got a signal."""
+        if self.preemption.stop_requested():
+            trainer.request_checkpoint()
+            self._stop(trainer)
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        """A signal during evaluation or the epoch's checkpoint: stop now (this state is saved already)."""
+        if not trainer.finishing and trainer.stop_reason is None and self.preemption.stop_requested():
+            self._stop(trainer)
+
+    def after_train(self, trainer: Trainer) -> None:
+        """Put the previous handlers back and say how to continue."""
+        self.preemption.uninstall()
+        if self.stopped_after is not None:
+            where = trainer.saver.dir if trainer.saver is not None else "the run directory"
+            log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
+                        "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,
+                        self.stopped_after, where, EXIT_PREEMPTED)
+
+    def _stop(self, trainer: Trainer) -> None:
+        self.stopped_after = trainer.state.progress.step
+        trainer.request_stop(f"{self.preemption.reason} (preemption)", exit_code=EXIT_PREEMPTED)

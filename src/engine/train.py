@@ -26,6 +26,7 @@ from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, Sample
 from src.engine.losses import build_loss
 from src.engine.norm_health import buffer_sync_mode, check_norm_health
 from src.engine.optim import build_optimizer, build_scheduler, trainable
+from src.engine.preemption import PreemptionHook
 from src.engine.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.seeding import configure_determinism, configure_threads, seed_everything
 from src.engine.state import TrainState, read_checkpoint
@@ -138,6 +139,8 @@ def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any
         hooks.append(SampleGridHook(partial(_log_grid, tracker, typed)))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, typed, task, data, device)))
     hooks.append(CheckpointHook(settings.checkpoint_every))
+    # Last: it sees the step's or the epoch's checkpoint already requested or written.
+    hooks.append(PreemptionHook(settings.preempt_signals, loaders=[val_loader]))
     return hooks
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import CHECKPOINT_EVERY, STEPS, job_overrides
+from tests.cluster.conftest import STEPS, job_overrides
 from tests.cluster.slurm_cluster import LocalSlurm
 from tests.cluster.torchrun_harness import (
     REPO, free_port, job_env, last_checkpoint_file, load_last_checkpoint, read_metrics, state_dict_max_diff,
@@ -45,3 +45,32 @@ def test_sbatch_job_trains_to_the_end(slurm: LocalSlurm, tmp_path: Path) -> None
     assert int(load_last_checkpoint(run_dir)["step"]) == 8
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
     assert read_metrics(run_dir, "val"), "the job ends with an evaluation"
+
+
+def test_signalled_job_requeues_itself_and_resumes_from_its_checkpoint(slurm: LocalSlurm, reference_run: Path,
+                                                                       tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = _submit(slurm, tmp_path, run_dir, job_overrides(run_dir))
+    wait_until(lambda: last_checkpoint_file(run_dir) is not None, 300, "the job's first checkpoint", poll=0.05)
+    # What `--signal=B:USR1@120` does 120 s before the time limit (and how a user asks for it by hand).
+    slurm.run(["scancel", "--batch", "--signal=USR1", job])
+    # SLURM holds a requeued job for cred_expire (10 s here) before it runs it again.
+    info = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout=600)
+    out = Path(info["StdOut"]).read_text()  # the requeued run's output (the file is rewritten)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{out[-6000:]}"
+    assert info["Restarts"] == "1", f"the job should have been requeued once: {info}"
+
+    # Resumed instead of starting over: step 1 logged once, every step once, the uninterrupted losses.
+    rows = read_metrics(run_dir)
+    steps = [r["step"] for r in rows]
+    assert sorted(steps) == list(range(1, STEPS + 1)), f"steps lost or repeated across the requeue: {steps}"
+    assert steps == sorted(steps), f"a step was logged again after the requeue: {steps}"
+    assert f"resumed from {run_dir}" in (run_dir / "logs" / "rank0.log").read_text(), (
+        "the requeued job did not resume from the checkpoint")
+    ref_loss = {r["step"]: r["loss"] for r in read_metrics(reference_run)}
+    for row in rows:
+        assert math.isclose(row["loss"], ref_loss[row["step"]], rel_tol=LOSS_RTOL), row
+    final = load_last_checkpoint(run_dir)
+    assert int(final["step"]) == STEPS
+    diff, key = state_dict_max_diff(final["model"], load_last_checkpoint(reference_run)["model"])
+    assert diff <= PARAM_ATOL, f"requeued run ends {diff:.3g} away from the uninterrupted run at {key}"
