@@ -117,8 +117,9 @@ class TrainerConfig:
     deterministic: bool = False
     dist_timeout_s: float = 1800.0
     dist_init_timeout_s: float = 300.0
-    # Signals that stop training after the current optimizer step with last.pt saved (src/engine/preemption.py).
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # Signals that stop training after the current optimizer step with last.pt saved (src/engine/preemption.py):
+    # SIGTERM (scancel, docker stop, torchrun), SIGUSR1 (sbatch --signal), SIGUSR2 (Hydra's submitit launcher).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
     ddp_bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     broadcast_buffers: bool = False

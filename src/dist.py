@@ -88,7 +88,10 @@ def init_distributed(
     `init_timeout_s`, or every rank that got that far raises ProcessGroupInitError naming the ranks
     or the store it waited for.
     """
-    if is_initialized() or not launched_distributed():
+    if is_initialized():
+        return
+    if not launched_distributed():
+        _refuse_lone_slurm_tasks()
         return
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -113,6 +116,16 @@ def init_distributed(
         ) from err
     dist.set_timeout(datetime.timedelta(seconds=timeout_s))
     store.set_timeout(datetime.timedelta(seconds=timeout_s))
+
+
+def _refuse_lone_slurm_tasks() -> None:
+    """One of several srun tasks without torchrun's variables would train alone, each writing the same run."""
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    if tasks > 1:
+        raise ProcessGroupInitError(
+            f"this process is one of {tasks} SLURM tasks (srun) but RANK/WORLD_SIZE are not set, so each task "
+            "would train on its own: start one torchrun per node (scripts/slurm/train.sbatch), or one task "
+            "per job (hydra.launcher.tasks_per_node=1 with Hydra's submitit launcher)")
 
 
 # torchrun serves one key-value store per job at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE)

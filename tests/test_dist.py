@@ -228,3 +228,15 @@ def test_ranks_that_cannot_form_a_group_fail_within_the_init_timeout() -> None:
 def test_ranks_are_printed_as_ranges() -> None:
     assert dist._ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
     assert dist._ranges([5]) == "5"
+
+
+def test_lone_slurm_tasks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `srun --ntasks=4 python train.py` (or submitit with tasks_per_node=4): no torchrun variables.
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    with pytest.raises(dist.ProcessGroupInitError, match="one of 4 SLURM tasks"):
+        dist.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=60)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # one task per job: a plain one-process run
+    dist.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=60)
+    assert not dist.is_initialized()

@@ -62,7 +62,8 @@ class Preemption:
         self.received: Optional[str] = None  # name of the first signal this process got
         self.received_at: Optional[float] = None
         self._agreed: Optional[str] = None
-        self._previous: dict[signal.Signals, Any] = {}
+        self._previous: dict[signal.Signals, Any] = {}  # while installed: the handlers replaced
+        self._restored: dict[signal.Signals, Any] = {}  # after uninstall(): the handlers put back
 
     def install(self) -> "Preemption":
         """Install the handlers (main thread only, as Python requires for signal handlers)."""
@@ -74,7 +75,20 @@ class Preemption:
         """Put back the handlers that were there before install()."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
-        self._previous.clear()
+        self._restored, self._previous = self._previous, {}
+
+    def pass_on(self) -> None:
+        """After uninstall(): give the signal received to the Python handler it had replaced, if any.
+
+        Under Hydra's submitit launcher that handler is submitit's own, which requeues the job.
+        Default and ignore dispositions, and Python's KeyboardInterrupt handler, are left alone.
+        """
+        if self.received is None:
+            return
+        sig = signal.Signals[self.received]
+        previous = self._restored.get(sig)
+        if callable(previous) and previous not in (self._on_signal, signal.default_int_handler):
+            previous(int(sig), None)
 
     def __enter__(self) -> "Preemption":
         return self.install()
@@ -162,13 +176,15 @@ class PreemptionHook:
             self._stop(trainer)
 
     def after_train(self, trainer: Trainer) -> None:
-        """Put the previous handlers back and say how to continue."""
+        """Say how to continue, put the previous handlers back, and pass the signal on to them."""
         self.preemption.uninstall()
-        if self.stopped_after is not None:
-            where = trainer.saver.dir if trainer.saver is not None else "the run directory"
-            log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
-                        "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,
-                        self.stopped_after, where, EXIT_PREEMPTED)
+        if self.stopped_after is None:
+            return
+        where = trainer.saver.dir if trainer.saver is not None else "the run directory"
+        log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
+                    "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,
+                    self.stopped_after, where, EXIT_PREEMPTED)
+        self.preemption.pass_on()  # e.g. submitit's handler, which requeues the job
 
     def _stop(self, trainer: Trainer) -> None:
         self.stopped_after = trainer.state.progress.step

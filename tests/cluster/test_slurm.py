@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tests.cluster.conftest import STEPS, job_overrides
 from tests.cluster.slurm_cluster import LocalSlurm
 from tests.cluster.torchrun_harness import (
-    REPO, free_port, job_env, last_checkpoint_file, load_last_checkpoint, read_metrics, state_dict_max_diff,
+    REPO, TINY_JOB, free_port, job_env, last_checkpoint_file, load_last_checkpoint, read_metrics, state_dict_max_diff,
     wait_until,
 )
 
@@ -74,3 +75,19 @@ def test_signalled_job_requeues_itself_and_resumes_from_its_checkpoint(slurm: Lo
     assert int(final["step"]) == STEPS
     diff, key = state_dict_max_diff(final["model"], load_last_checkpoint(reference_run)["model"])
     assert diff <= PARAM_ATOL, f"requeued run ends {diff:.3g} away from the uninterrupted run at {key}"
+
+
+def test_submitit_launcher_runs_a_sweep(slurm: LocalSlurm, tmp_path: Path) -> None:
+    # Hydra's submitit launcher submits one SLURM job per point of the sweep (one process each) and waits.
+    sweep = tmp_path / "sweep"
+    argv = [sys.executable, "train.py", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+            "hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=1", "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.mem_gb=null", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}",
+            *[o for o in TINY_JOB if not o.startswith("seed=")], "data.train_size=128", "data.val_size=32",
+            "trainer.max_steps=4", "seed=0,1"]
+    proc = subprocess.run(argv, cwd=REPO, env={**job_env(), "SLURM_CONF": str(slurm.conf)}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for job, seed in ((0, 0), (1, 1)):
+        final = load_last_checkpoint(sweep / str(job))
+        assert int(final["step"]) == 4 and final["config"]["seed"] == seed, (job, final["step"], final["config"]["seed"])

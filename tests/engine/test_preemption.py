@@ -41,6 +41,21 @@ def test_a_signal_is_only_recorded_and_handlers_are_restored() -> None:
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
+def test_the_replaced_handler_gets_the_signal_after_the_stop() -> None:
+    # Under Hydra's submitit launcher that handler is submitit's, which requeues the job.
+    seen: list[int] = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        with Preemption(["SIGUSR2"]) as preemption:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            assert seen == [] and preemption.received == "SIGUSR2"  # nothing passed on while training
+        preemption.pass_on()
+        assert seen == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
 def test_no_signals_configured_catches_nothing() -> None:
     preemption = Preemption([]).install()
     try:
