@@ -25,7 +25,7 @@ def missing_requirements() -> Optional[str]:
     """Why a local cluster cannot start here (None when it can): not root, or which programs are missing."""
     if os.geteuid() != 0:
         return "the local SLURM cluster needs root (slurmd starts jobs as their user)"
-    missing = [tool for tool in REQUIRED if shutil.which(tool) is None]
+    missing = [tool for tool in REQUIRED if _which(tool) is None]
     if missing:
         return f"{', '.join(missing)} not found: {INSTALL_HINT}"
     try:
@@ -36,6 +36,11 @@ def missing_requirements() -> Optional[str]:
 
 
 NODE = socket.gethostname().split(".")[0]
+
+
+def _which(tool: str) -> Optional[str]:
+    """The program's path, also in the sbin folders where Debian puts the daemons (often not on PATH)."""
+    return shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
 
 
 def _free_port() -> int:
@@ -68,7 +73,7 @@ class LocalSlurm:
         socket_path = munge / "munge.socket"
         pid_file = munge / "munged.pid"
         # --force: munged refuses to run as root otherwise. It daemonizes; its pid file says whom to stop.
-        subprocess.run(["munged", "--force", f"--socket={socket_path}", f"--key-file={key}",
+        subprocess.run([_which("munged"), "--force", f"--socket={socket_path}", f"--key-file={key}",
                         f"--pid-file={pid_file}", f"--log-file={munge / 'munged.log'}",
                         f"--seed-file={munge / 'munged.seed'}"], check=True, timeout=30, capture_output=True)
         self._munged_pid = int(pid_file.read_text().split()[0])
@@ -77,7 +82,7 @@ class LocalSlurm:
         self.conf.write_text(self._config(socket_path))
         for argv in (["slurmctld", "-D", "-i"], ["slurmd", "-D", "-N", NODE]):
             log = open(self.root / "log" / f"{argv[0]}.stdout", "wb")
-            self._daemons.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            self._daemons.append(subprocess.Popen([_which(argv[0]), *argv[1:]], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
