@@ -82,8 +82,8 @@ class LocalSlurm:
         self.conf.write_text(self._config(socket_path))
         for argv in (["slurmctld", "-D", "-i"], ["slurmd", "-D", "-N", NODE]):
             log = open(self.root / "log" / f"{argv[0]}.stdout", "wb")
-            self._daemons.append(subprocess.Popen([_which(argv[0]), *argv[1:]], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                  start_new_session=True))
+            self._daemons.append(subprocess.Popen([_which(argv[0]), *argv[1:]], env=self.env, stdout=log,
+                                                  stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.run(["sinfo", "-h", "-n", NODE, "-o", "%T"], check=False).stdout.strip()
