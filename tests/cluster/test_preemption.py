@@ -13,14 +13,11 @@ import pytest
 from src.engine.preemption import EXIT_PREEMPTED
 from tests.cluster.conftest import STEPS, job_overrides
 from tests.cluster.torchrun_harness import (
+    LOSS_RTOL, PARAM_ATOL,
     LAUNCHER, NORM, REPO, TORCHRUN, Job, free_port, job_env, last_checkpoint_file, launch_torchrun,
     load_last_checkpoint, read_metrics, state_dict_max_diff, wait_until,
 )
 
-# As in test_restarts.py: the resumed run repeats the uninterrupted run's arithmetic on this machine,
-# so only last-bit noise is admitted; a lost or repeated step moves parameters by orders of magnitude more.
-PARAM_ATOL = 1e-5
-LOSS_RTOL = 1e-5
 
 
 def _assert_reproduces(run_dir: Path, reference_run: Path) -> None:

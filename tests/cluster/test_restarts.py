@@ -21,17 +21,11 @@ import pytest
 
 from tests.cluster.conftest import CHECKPOINT_EVERY, STEPS, job_overrides
 from tests.cluster.torchrun_harness import (
+    LOSS_RTOL, PARAM_ATOL,
     NORM, Job, free_port, job_env, last_checkpoint_file, launch_torchrun, load_last_checkpoint, read_metrics,
     state_dict_max_diff, wait_until, worker_pids,
 )
 
-# A resumed run restores bit-identical state (tensors saved as they are, optimizer and scheduler state,
-# RNG states per rank, the sampler's micro-batch position) and then repeats the uninterrupted run's
-# arithmetic in the same order on the same machine, so it matches to the bit; the tolerance only admits
-# last-bit noise. A resume that skips or repeats a batch, or restarts the schedule or the momentum,
-# moves parameters by orders of magnitude more.
-PARAM_ATOL = 1e-5
-LOSS_RTOL = 1e-5
 
 CASES = [  # (launch form, TORCH_DISABLE_SHARE_RDZV_TCP_STORE, killed global rank)
     ("static", None, 1), ("static", "1", 0),

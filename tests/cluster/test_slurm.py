@@ -13,14 +13,12 @@ import pytest
 from tests.cluster.conftest import STEPS, job_overrides
 from tests.cluster.slurm_cluster import LocalSlurm
 from tests.cluster.torchrun_harness import (
+    LOSS_RTOL, PARAM_ATOL,
     REPO, TINY_JOB, free_port, job_env, last_checkpoint_file, load_last_checkpoint, read_metrics, state_dict_max_diff,
     wait_until,
 )
 
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
-# As in test_restarts.py: the resumed run repeats the uninterrupted run's arithmetic on this machine.
-PARAM_ATOL = 1e-5
-LOSS_RTOL = 1e-5
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
