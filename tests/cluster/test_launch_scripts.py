@@ -1,10 +1,10 @@
 """The launch scripts: shell syntax, and the torchrun command lines they assemble.
 
-No SLURM cluster is available, so `scontrol` and `srun` are replaced by two tiny stand-ins on PATH
+Here `scontrol` and `srun` are replaced by two tiny stand-ins on PATH
 (hostnames of a fake allocation; run the command once, locally) and the launcher prints its
 torchrun command (DRY_RUN=1) instead of running it. What is checked is our scripts' logic: the
 rendezvous on the first host, one torchrun per node, ids, restarts and the order of overrides.
-The real launch on loopback is tests/cluster/test_multinode.py.
+The real launch on loopback is tests/cluster/test_multinode.py, under a real SLURM test_slurm.py.
 """
 from __future__ import annotations
 
