@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import threading
 import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -159,6 +160,9 @@ class PreemptionHook:
         """Install the handlers; loader workers ignore the signals (the trainer decides when to stop)."""
         if not self.preemption.signals:
             return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("training runs outside the main thread: trainer.preempt_signals are not handled")
+            return
         self.preemption.install()
         for loader in [trainer.loader, *self.loaders]:
             if getattr(loader, "num_workers", 0) > 0:
@@ -166,6 +170,8 @@ class PreemptionHook:
 
     def after_step(self, trainer: Trainer) -> None:
         """Stop after this step, with last.pt, when any rank got a signal."""
+        if trainer.stop_reason is not None:  # training ends here anyway (the same on every rank)
+            return
         if self.preemption.stop_requested():
             trainer.request_checkpoint()
             self._stop(trainer)
