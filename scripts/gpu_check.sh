@@ -19,7 +19,7 @@ set -uo pipefail
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
