@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from src.data import dataset_task
 from src.data.config import DataConfig
 from src.models.config import ModelConfig, NormConfig
 
@@ -22,7 +23,6 @@ SCHEDULES = ("cosine", "step", "poly")
 AMP_MODES = ("none", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 BUFFER_SYNC = ("reduce", "broadcast", "none")
-SEGMENTATION_DATA = ("shapes_seg", "voc", "cityscapes")
 METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
 
 
@@ -206,7 +206,7 @@ def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
 
 def _check_across_groups(cfg: TrainConfig) -> None:
     task = task_of(cfg)
-    data_task = "segmentation" if cfg.data.name in SEGMENTATION_DATA else "classification"
+    data_task = dataset_task(cfg.data.name)
     if task != data_task:
         raise ValueError(
             f"model.name={cfg.model.name} is a {task} model but data.name={cfg.data.name} is a "
