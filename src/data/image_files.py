@@ -62,7 +62,7 @@ def load_mask(path: str | Path) -> np.ndarray:
     try:
         with Image.open(path) as img:
             mode = img.mode
-            arr = np.asarray(img)
+            arr = np.array(img)  # a writable copy: torch.from_numpy warns on read-only arrays
     except (OSError, ValueError, SyntaxError) as exc:
         raise OSError(f"cannot read mask {path}: {exc}") from exc
     if mode in ("P", "L"):
