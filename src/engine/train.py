@@ -126,6 +126,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
             "epoch": state.epoch, "step": state.step,
             "sampler": {"epoch": state.epoch, "micro_batch": state.micro_batch},
             "rng": rng, "world_size": world, "config": plain_config, "metrics": metrics or {},
+            "class_names": list(data.class_names),  # predict.py names its predictions with them
         }
 
     def after_step(progress: Progress) -> bool:
