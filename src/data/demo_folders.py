@@ -24,7 +24,7 @@ IMAGE_SIDE = 64
 JPEG_QUALITY = 95
 
 
-def write_classify(out: Path, train_per_class: int = 80, val_per_class: int = 20, seed: int = 0) -> Path:
+def write_classify(out: Path, train_per_class: int = 1000, val_per_class: int = 100, seed: int = 0) -> Path:
     """An ImageFolder tree under out/classify; returns that folder."""
     root = Path(out) / "classify"
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
@@ -36,7 +36,7 @@ def write_classify(out: Path, train_per_class: int = 80, val_per_class: int = 20
     return root
 
 
-def write_segment(out: Path, train_images: int = 400, val_images: int = 100, seed: int = 0) -> Path:
+def write_segment(out: Path, train_images: int = 2000, val_images: int = 300, seed: int = 0) -> Path:
     """A segfolder tree under out/segment (images of varying size, palette masks, classes.txt); returns it."""
     from src.engine.exports import save_mask_png  # the palette PNG writer predict.py and evaluate.py use
 
