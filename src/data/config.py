@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.registry import DATASETS, dataset_entry
+from src.dataclass_config import to_dataclass
 
 
 @dataclass
@@ -123,17 +124,4 @@ def _at_least(key: str, value: int, low: int) -> None:
 
 def coerce(cfg: Any) -> DataConfig:
     """A DataConfig from a DataConfig, an OmegaConf node or a mapping (extra keys are an error)."""
-    if isinstance(cfg, DataConfig):
-        return cfg
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # omegaconf is a dependency, but the data code does not need it
-        pass
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"unknown data config key(s): {', '.join('data.' + k for k in unknown)}")
-    return DataConfig(**dict(cfg))
+    return to_dataclass(cfg, DataConfig, "data")

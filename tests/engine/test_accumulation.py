@@ -10,12 +10,17 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from src import dist
+from src.config import TrainerConfig
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
 from src.engine.amp import build_scaler
-from src.engine.loop import Progress, TrainParts, train_one_epoch
+from src.engine.hooks import Hook
 from src.engine.losses import classification_loss
+from src.engine.state import TrainState
+from src.engine.trainer import Trainer
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+from tests.engine.fake_loader import ListLoader
 from tests.engine.gloo_ranks import run_ranks
 
 
@@ -36,20 +41,6 @@ def test_short_last_window_is_scaled_by_its_real_size() -> None:
     assert (last.window_size, last.loss_scale, last.is_last_in_window) == (1, 1.0, True)
 
 
-class _Batches:
-    """Micro-batches that behave like the train loader: len = the whole epoch, iteration from `start`
-    (as TrainBatchSampler.set_start does on resume)."""
-
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int = 0) -> None:
-        self.batches, self.start = batches, start
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches[self.start:])
-
-
 def _data(total: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(total, 3, 8, 8, generator=g), torch.randint(0, 4, (total,), generator=g)
@@ -61,12 +52,27 @@ def _model() -> nn.Module:
     return build_model(ModelConfig(name="resnet20"), NormConfig(name="gn", num_groups=4), num_classes=4)
 
 
-def _parts(model: nn.Module, accum: int, lr: float = 0.1) -> TrainParts:
+def _trainer(model: nn.Module, batches: list, accum: int, module: nn.Module | None = None,
+             lr: float = 0.1, epochs: int = 1, dtype: str = "float32", hooks: tuple = ()) -> Trainer:
+    """A Trainer over `batches` each epoch (SGD with momentum, constant LR)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    return TrainParts(model=model, loss_fn=classification_loss(), optimizer=opt, scheduler=sched,
-                      scaler=build_scaler("none", torch.device("cpu")), device=torch.device("cpu"),
-                      accum_steps=accum, log_every=10**9, show_progress=False)
+    state = TrainState(model, opt, sched, build_scaler("none", torch.device("cpu")))
+    settings = TrainerConfig(epochs=epochs, grad_accum_steps=accum, progress_bar=False, dtype=dtype)
+    return Trainer(state, module if module is not None else model, ListLoader(batches), classification_loss(),
+                   settings, torch.device("cpu"), hooks=hooks)
+
+
+class _GlobalLoss(Hook):
+    """The mean loss of each optimizer step over every rank's samples (an all_reduce per step)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def after_step(self, trainer: Trainer) -> None:
+        out = trainer.last_step
+        sums = dist.reduce_dict({"loss": float(out.loss_sum), "images": float(out.images)}, average=False)
+        self.losses.append(sums["loss"] / sums["images"])
 
 
 def _count_allreduces(rank: int, world: int, accum: int, micro_batches: int) -> dict:
@@ -86,9 +92,9 @@ def _count_allreduces(rank: int, world: int, accum: int, micro_batches: int) -> 
     ddp.register_comm_hook(None, counting_hook)
     x, y = _data(micro_batches * 4 * world, seed=1)
     mine = [(x[i * 4 * world + rank * 4:][:4], y[i * 4 * world + rank * 4:][:4]) for i in range(micro_batches)]
-    state = Progress()
-    train_one_epoch(_parts(ddp, accum), _Batches(mine), state)
-    return {"rounds": rounds, "leftover": list(current), "steps": state.step,
+    trainer = _trainer(model, mine, accum, module=ddp)
+    trainer.train()
+    return {"rounds": rounds, "leftover": list(current), "steps": trainer.state.progress.step,
             "param_sum": float(sum(p.detach().double().sum() for p in model.parameters()))}
 
 
@@ -116,10 +122,8 @@ def test_accumulated_micro_batches_equal_one_big_batch() -> None:
     x, y = _data(48)
     big = _model()
     small = copy.deepcopy(big)
-    train_one_epoch(_parts(big, accum=1), _Batches([(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)]),
-                    Progress())
-    train_one_epoch(_parts(small, accum=4), _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 48, 4)]),
-                    Progress())
+    _trainer(big, [(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)], accum=1).train()
+    _trainer(small, [(x[i:i + 4], y[i:i + 4]) for i in range(0, 48, 4)], accum=4).train()
     moved = max((p - q).abs().max().item() for p, q in zip(big.parameters(), _model().parameters()))
     diff = max((p - q).abs().max().item() for p, q in zip(big.parameters(), small.parameters()))
     assert moved > 1e-2, "training did not move the parameters: the comparison would be vacuous"
@@ -130,17 +134,66 @@ def test_partial_window_averages_over_its_own_micro_batches() -> None:
     """An epoch of 5 micro-batches with K=4: the last step must equal a plain step on the 5th micro-batch."""
     torch.set_num_threads(1)
     x, y = _data(20)
+    batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 20, 4)]
     model = _model()
-    parts = _parts(model, accum=4)
-    train_one_epoch(parts, _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 16, 4)]), Progress())
     reference = copy.deepcopy(model)
-    ref_parts = _parts(reference, accum=1)
-    ref_parts.optimizer.load_state_dict(copy.deepcopy(parts.optimizer.state_dict()))  # own momentum buffers
-    full = _parts(model, accum=4)
-    full.optimizer = parts.optimizer
-    full.scheduler = parts.scheduler
-    state = Progress(micro_batch=4)  # resume at the 5th micro-batch: a window of size 1
-    train_one_epoch(full, _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 20, 4)], start=4), state)
-    train_one_epoch(ref_parts, _Batches([(x[16:20], y[16:20])]), Progress())
+    trained = _trainer(model, batches, accum=4)
+    trained.train()
+    assert trained.state.progress.step == 2  # a window of 4, then one of 1
+    first = _trainer(reference, batches[:4], accum=4)
+    first.train()
+    # The reference's second step: a one-micro-batch window on the 5th, with its own momentum buffers.
+    second = Trainer(first.state, reference, ListLoader(batches[4:]), classification_loss(),
+                     TrainerConfig(epochs=2, grad_accum_steps=1, progress_bar=False), torch.device("cpu"))
+    second.train()
+    assert second.state.progress.step == 2
     diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
     assert diff < 1e-6
+
+
+# 7 micro-batches of 4 per rank and epoch, K=4: windows of 4 and 3 (the partial last one), 3 epochs.
+ACCUM_MICRO, ACCUM_EPOCHS, MICRO = 7, 3, 4
+
+
+def _accumulate_float64(rank: int, world: int) -> dict:
+    """K=4 accumulation under real DDP (no_sync for the first micro-batches of a window), in float64."""
+    model = _model().double()
+    x, y = _data(ACCUM_MICRO * MICRO * world, seed=2)
+    step = MICRO * world  # micro-batch i of rank r: x[i*step + r*MICRO:][:MICRO]
+    mine = [(x[i * step + rank * MICRO:][:MICRO], y[i * step + rank * MICRO:][:MICRO]) for i in range(ACCUM_MICRO)]
+    losses = _GlobalLoss()
+    _trainer(model, mine, accum=4, module=DistributedDataParallel(model), epochs=ACCUM_EPOCHS, dtype="float64",
+             hooks=(losses,)).train()
+    # numpy arrays travel by value (torch tensors would be shared memory that dies with this process)
+    return {"losses": losses.losses, "params": {k: v.numpy().copy() for k, v in model.state_dict().items()}}
+
+
+def test_float64_accumulation_on_two_ranks_equals_one_batch_per_window() -> None:
+    """2 ranks x K=4 micro-batches of 4 == one process with one micro-batch of 32 per window, and the partial
+    window of 3 == one micro-batch of 24: per-step losses and final parameters to 1e-9 relative.
+
+    float64 with GroupNorm (no cross-sample statistics): the runs differ only by the order of float64 sums
+    (4 partial means and a two-way DDP average vs one mean), ~1e-16 relative per operation; measured worst
+    over the 6 steps (AMD EPYC, 2026-12-01): losses 3e-16, parameters 4e-15. Scaling the partial window by
+    1/K instead of 1/3 (the classic accumulation bug) makes them differ by 0.5 and 0.7.
+    """
+    torch.set_num_threads(1)
+    ranks = run_ranks(_accumulate_float64, 2)
+    world = 2
+    x, y = _data(ACCUM_MICRO * MICRO * world, seed=2)
+    per = MICRO * world
+    windows = [(0, 4), (4, 7)]
+    reference = _model().double()
+    losses = _GlobalLoss()
+    _trainer(reference, [(x[a * per:b * per], y[a * per:b * per]) for a, b in windows], accum=1,
+             epochs=ACCUM_EPOCHS, dtype="float64", hooks=(losses,)).train()
+    assert len(losses.losses) == len(ranks[0]["losses"]) == 2 * ACCUM_EPOCHS
+    for result in ranks:
+        worst_loss = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], losses.losses))
+        assert worst_loss < 1e-9, f"per-step losses differ by up to {worst_loss:.3g} relative"
+        ref = reference.state_dict()
+        worst = max(((torch.from_numpy(result["params"][k]) - ref[k]).abs().max() / ref[k].abs().max()).item()
+                    for k in ref if ref[k].is_floating_point() and ref[k].abs().max() > 0)
+        assert worst < 1e-9, f"final parameters differ by up to {worst:.3g} relative"
+    moved = max((a - b).abs().max().item() for a, b in zip(reference.parameters(), _model().double().parameters()))
+    assert moved > 1e-2, "training did not move the parameters: the comparison would be vacuous"
