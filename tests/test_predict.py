@@ -30,7 +30,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from src.engine.checkpoint import load_checkpoint, save_checkpoint
-from src.engine.visualize import color_palette
+from src.engine.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,8 @@
 """`predict.py ckpt=PATH input=DIR_OR_FILE out=DIR`: a trained model on new images, alone or under torchrun.
 
-Steps: check the arguments, load the checkpoint (weights_only=True) and its stored training config with
-the command line's overrides (as evaluate.py does), start the process group if torchrun launched us, list
+Steps: check the arguments, read the checkpoint through src/engine/state.py (the format's owner;
+weights_only=True) and its stored training config with the command line's overrides (as evaluate.py
+does), start the process group if torchrun launched us, list
 the inputs (src/engine/predict_io.py), give each rank a contiguous shard (ExactEvalSampler: every image
 exactly once), predict, gather to rank 0, and write there:
 - classification: each image through the training data's evaluation resize / crop
@@ -40,23 +41,20 @@ MASKS_PER_ROUND = 8
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
     from src.config import task_of, validate_config
-    from src.engine.checkpoint import load_checkpoint
-    from src.engine.evaluate_run import select_weights, training_config
+    from src.engine.evaluate_run import training_config
+    from src.engine.state import model_weights, read_checkpoint, stored_config
 
     ckpt_path, source, out_dir = _paths(cfg)
     if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
         raise ValueError(f"topk and batch_size must be >= 1, got topk={cfg.topk}, batch_size={cfg.batch_size}")
-    ckpt = load_checkpoint(ckpt_path, map_location="cpu")
-    if not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
-        raise ValueError(f"{ckpt_path} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
-                         "pass a file from <run dir>/checkpoints/")
+    ckpt = read_checkpoint(ckpt_path)
     overrides = OmegaConf.masked_copy(cfg, [k for k in OVERRIDE_SECTIONS if k in cfg])
-    train_cfg = training_config(ckpt["config"], overrides)
+    train_cfg = training_config(stored_config(ckpt), overrides)
     if train_cfg.norm.name in BATCHNORM_IN_EVAL:
         train_cfg.norm.name = "bn"
     train_cfg = validate_config(train_cfg)
     task = task_of(train_cfg)
-    weights, _ = select_weights(ckpt, bool(cfg.ema), ckpt_path)
+    weights = model_weights(ckpt, bool(cfg.ema), str(ckpt_path))
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     device = dist.select_device(train_cfg.device)
@@ -68,7 +66,7 @@ def run(cfg: DictConfig) -> Path:
         if device.type == "cpu":
             configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())
         names = class_names(ckpt, train_cfg, weights)
-        model = _model(train_cfg, weights, len(names), device)
+        model = _model(train_cfg, weights, ckpt, str(ckpt_path), len(names), device)
         loader = _loader(train_cfg, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         if task == "classification":
             written = _classify(model, loader, relative, names, min(int(cfg.topk), len(names)), train_cfg, device,
@@ -118,13 +116,15 @@ def _num_classes_from_weights(train_cfg: DictConfig, weights: dict[str, torch.Te
     return int(weights[heads[0]].shape[0])
 
 
-def _model(train_cfg: DictConfig, weights: dict[str, torch.Tensor], num_classes: int,
-           device: torch.device) -> torch.nn.Module:
+def _model(train_cfg: DictConfig, weights: dict[str, torch.Tensor], ckpt: dict[str, Any], source: str,
+           num_classes: int, device: torch.device) -> torch.nn.Module:
+    from src.engine.amp import PRECISIONS
+    from src.engine.state import load_model_weights
     from src.models import build_model
 
     model = build_model(train_cfg.model, train_cfg.norm, num_classes)
-    model.load_state_dict(weights, strict=True)
-    model.to(device).eval()
+    load_model_weights(model, weights, ckpt["config"], OmegaConf.to_container(train_cfg, resolve=True), source)
+    model.to(device, PRECISIONS[train_cfg.trainer.dtype]).eval()
     if train_cfg.trainer.channels_last:
         model.to(memory_format=torch.channels_last)
     return model
@@ -153,14 +153,15 @@ def _loader(train_cfg: DictConfig, task: str, base: Path, relative: list[Path], 
 
 
 def _forward(model: torch.nn.Module, images: torch.Tensor, train_cfg: DictConfig, device: torch.device) -> torch.Tensor:
-    from src.engine.evaluator import autocast_context
+    """Logits (float32, or float64 for trainer.dtype=float64) under the training run's autocast."""
+    from src.engine.amp import autocast, model_dtype, upcast
 
-    images = images.to(device, non_blocking=True)
+    images = images.to(device, model_dtype(model), non_blocking=True)
     if train_cfg.trainer.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), autocast_context(device, train_cfg.trainer.amp):
+    with torch.inference_mode(), autocast(train_cfg.trainer.amp, device):
         out = model(images)
-    return (out["out"] if isinstance(out, dict) else out).float()
+    return upcast(out["out"] if isinstance(out, dict) else out)
 
 
 def _classify(model: torch.nn.Module, loader: DataLoader, relative: list[Path], names: list[str], k: int,
