@@ -32,8 +32,10 @@ USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or fo
 # Keys of conf/predict.yaml that override the stored training config (evaluate.py's rule: non-null leaves).
 OVERRIDE_SECTIONS = ("device", "data", "model", "norm", "trainer")
 # Norms whose eval-mode forward is BatchNorm's with the running statistics: predicted with nn.BatchNorm2d,
-# which needs neither the compiled SyncBN kernels nor NCCL (the state_dict keys are the same).
+# which needs neither the compiled SyncBN kernels nor NCCL (the state_dict keys are the same). Only the
+# keys BatchNorm reads are kept: synchronisation settings are refused for norm=bn.
 BATCHNORM_IN_EVAL = ("syncbn", "torch_syncbn")
+BATCHNORM_KEYS = ("eps", "momentum", "affine_trainable")
 # Masks travel to rank 0 in rounds of this many per rank (a 12-megapixel mask is 12 MB of uint8).
 MASKS_PER_ROUND = 8
 
@@ -51,7 +53,7 @@ def run(cfg: DictConfig) -> Path:
     overrides = OmegaConf.masked_copy(cfg, [k for k in OVERRIDE_SECTIONS if k in cfg])
     train_cfg = training_config(stored_config(ckpt), overrides)
     if train_cfg.norm.name in BATCHNORM_IN_EVAL:
-        train_cfg.norm.name = "bn"
+        train_cfg.norm = {"name": "bn", **{k: train_cfg.norm[k] for k in BATCHNORM_KEYS if k in train_cfg.norm}}
     train_cfg = validate_config(train_cfg)
     task = task_of(train_cfg)
     weights = model_weights(ckpt, bool(cfg.ema), str(ckpt_path))
