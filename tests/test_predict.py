@@ -33,6 +33,8 @@ from src.engine.checkpoint import load_checkpoint, save_checkpoint
 from src.engine.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
+pytestmark = pytest.mark.slow  # real torchrun trainings and predictions
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "data.md"
 TIMEOUT_S = 300
