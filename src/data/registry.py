@@ -22,8 +22,7 @@ Every module in src/data/datasets/ is imported when src.data is, so a new datase
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from torch.utils.data import Dataset
 
@@ -42,8 +41,6 @@ class Splits:
     # Whether every validation sample has one size (so batches > 1 collate). Segmentation sets with
     # images of many sizes say False and are evaluated one image per batch, each at its own size.
     val_same_size: bool = True
-    # Free-form facts for logs (e.g. how num_classes was derived); not read by the trainer.
-    notes: dict[str, Any] = field(default_factory=dict)
 
 
 def dataset_entry(name: str) -> Entry:

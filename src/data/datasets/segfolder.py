@@ -96,7 +96,7 @@ def build_segfolder(cfg: DataConfig) -> Splits:
              root, len(train_pairs), len(val_pairs), len(names), source,
              "one size" if len(val_sizes) == 1 else f"{len(val_sizes)} sizes (evaluated one per batch)")
     return Splits(SegFolderDataset(train_pairs), SegFolderDataset(val_pairs), names,
-                  val_same_size=len(val_sizes) == 1, notes={"classes": source})
+                  val_same_size=len(val_sizes) == 1)
 
 
 def pair_files(split_dir: Path, mask_suffix: str = "") -> list[tuple[Path, Path]]:
@@ -115,8 +115,9 @@ def pair_files(split_dir: Path, mask_suffix: str = "") -> list[tuple[Path, Path]
     if lossy:
         raise ValueError(f"{len(lossy)} mask(s) are in a lossy format ({_list([masks_dir / m for m in lossy])}): "
                          "JPEG/WebP compression changes class indices at every edge; save masks as PNG")
-    unsuffixed = [m for m in mask_files if not m.with_suffix("").name.endswith(mask_suffix)]
-    masks = _by_key([m for m in mask_files if m not in unsuffixed], masks_dir, mask_suffix)
+    suffixed = [m.with_suffix("").name.endswith(mask_suffix) for m in mask_files]
+    unsuffixed = [m for m, ok in zip(mask_files, suffixed) if not ok]
+    masks = _by_key([m for m, ok in zip(mask_files, suffixed) if ok], masks_dir, mask_suffix)
     missing = sorted(set(images) - set(masks))
     extra = sorted(set(masks) - set(images))
     if missing or extra or unsuffixed:
