@@ -102,6 +102,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
     state = _build_state(cfg, typed, model, len(train_loader), device)
+    state.class_names = list(data.class_names)  # stored in checkpoints: predict.py names its classes
     _resume(state, settings.resume, run_dir)
     check_norm_health(model, "start", strict=True)
 
