@@ -61,7 +61,8 @@ def run(cfg: DictConfig) -> Path:
 
     device = dist.select_device(train_cfg.device)
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
+    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s,
+                          init_timeout_s=train_cfg.trainer.dist_init_timeout_s)
     try:
         from src.engine.seeding import configure_threads
 
