@@ -4,9 +4,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -16,14 +13,14 @@ namespace {
 
 template <typename T, typename P, typename acc_t>
 struct BackwardArgs {
-  const T* __restrict__ dy;
-  const T* __restrict__ x;
-  T* __restrict__ dx;
-  const acc_t* __restrict__ mean;
-  const acc_t* __restrict__ invstd;
-  const P* __restrict__ weight;    // nullptr: 1
-  const acc_t* __restrict__ reduced;  // [sum_dy(C), sum_dy_xhat(C)], all-reduced
-  const double* __restrict__ count;   // 0-d, global count per channel
+  SYNCBN_PTR(const T) dy;
+  SYNCBN_PTR(const T) x;
+  SYNCBN_PTR(T) dx;
+  SYNCBN_PTR(const acc_t) mean;
+  SYNCBN_PTR(const acc_t) invstd;
+  SYNCBN_PTR(const P) weight;       // nullptr: 1
+  SYNCBN_PTR(const acc_t) reduced;  // [sum_dy(C), sum_dy_xhat(C)], all-reduced
+  SYNCBN_PTR(const double) count;   // 0-d, global count per channel
 };
 
 // Per-channel coefficients: dx = a * (dy - mdy - (x - mu) * k). A zero global count (every rank empty)
@@ -39,7 +36,7 @@ __device__ __forceinline__ void channel_coefficients(const BackwardArgs<T, P, ac
 }
 
 template <typename acc_t>
-__device__ __forceinline__ acc_t inverse_count(const double* count) {
+__device__ __forceinline__ acc_t inverse_count(SYNCBN_PTR(const double) count) {
   const double n = *count;
   return n > 0.0 ? acc_t(1.0 / n) : acc_t(0);
 }
@@ -117,9 +114,9 @@ void launch_backward_elemt(const BackwardArgs<T, P, at::opmath_type<T>>& p, cons
   const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
-    backward_elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.rows(), l.c, geo.splits);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_elemt_channels_last_kernel<T, P, VEC>)(p, l.rows(), l.c, geo.splits);
   else
-    backward_elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_elemt_channels_first_kernel<T, P, VEC>)(p, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -161,7 +158,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
                                                invstd_a.const_data_ptr<acc_t>(), ptr_or_null<P>(affine.weight),
                                                reduced_a.const_data_ptr<acc_t>(), count_d.const_data_ptr<double>()};
       constexpr int kVec = kVecBytes / sizeof(scalar_t);
-      if (can_vectorize(l, kVec, {p.dy, p.x, p.dx}))
+      if (can_vectorize(l, kVec, {dy.const_data_ptr(), x.const_data_ptr(), dx.const_data_ptr()}))
         launch_backward_elemt<scalar_t, P, kVec>(p, l, x.get_device());
       else
         launch_backward_elemt<scalar_t, P, 1>(p, l, x.get_device());

@@ -6,9 +6,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -18,17 +15,17 @@ namespace {
 
 template <typename T, typename P, typename acc_t>
 struct ElemtArgs {
-  const T* __restrict__ x;
-  T* __restrict__ y;
-  const P* __restrict__ weight;  // nullptr: 1
-  const P* __restrict__ bias;    // nullptr: 0
-  const acc_t* __restrict__ mean;
-  const acc_t* __restrict__ invstd;
+  SYNCBN_PTR(const T) x;
+  SYNCBN_PTR(T) y;
+  SYNCBN_PTR(const P) weight;  // nullptr: 1
+  SYNCBN_PTR(const P) bias;    // nullptr: 0
+  SYNCBN_PTR(const acc_t) mean;
+  SYNCBN_PTR(const acc_t) invstd;
 };
 
 template <typename P, typename acc_t>
-__device__ __forceinline__ void channel_affine(const P* weight, const P* bias, const acc_t* mean,
-                                               const acc_t* invstd, int64_t c, acc_t& mu, acc_t& scale,
+__device__ __forceinline__ void channel_affine(SYNCBN_PTR(const P) weight, SYNCBN_PTR(const P) bias, SYNCBN_PTR(const acc_t) mean,
+                                               SYNCBN_PTR(const acc_t) invstd, int64_t c, acc_t& mu, acc_t& scale,
                                                acc_t& shift) {
   mu = mean[c];
   scale = invstd[c] * (weight != nullptr ? acc_t(weight[c]) : acc_t(1));
@@ -98,9 +95,9 @@ void launch_elemt(const ElemtArgs<T, P, at::opmath_type<T>>& args, const Layout&
   const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
-    elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, elemt_channels_last_kernel<T, P, VEC>)(args, l.rows(), l.c, geo.splits);
   else
-    elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, elemt_channels_first_kernel<T, P, VEC>)(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -130,7 +127,7 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
                                                ptr_or_null<P>(affine.weight), ptr_or_null<P>(affine.bias),
                                                mean_a.const_data_ptr<acc_t>(), invstd_a.const_data_ptr<acc_t>()};
       constexpr int kVec = kVecBytes / sizeof(scalar_t);
-      if (can_vectorize(l, kVec, {args.x, args.y}))
+      if (can_vectorize(l, kVec, {x.const_data_ptr(), y.const_data_ptr()}))
         launch_elemt<scalar_t, P, kVec>(args, l, x.get_device());
       else
         launch_elemt<scalar_t, P, 1>(args, l, x.get_device());

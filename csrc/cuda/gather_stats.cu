@@ -6,9 +6,6 @@
 // by construction, and the cumulative factor 1/num_batches_tracked is read on the device.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -19,10 +16,10 @@ namespace {
 // One thread per channel, all maths in float64 (W is small; this kernel is latency-bound). Rows of ranks
 // with count 0 are skipped, so whatever they hold (even NaN) cannot leak into the merge.
 template <typename acc_t, typename run_t>
-__global__ void gather_stats_kernel(const double* __restrict__ rows, int64_t W, int64_t C,
-                                    acc_t* __restrict__ mean_out, acc_t* __restrict__ invstd_out,
-                                    double* __restrict__ count_out, run_t* __restrict__ running_mean,
-                                    run_t* __restrict__ running_var, const int64_t* __restrict__ num_batches,
+__global__ void gather_stats_kernel(SYNCBN_PTR(const double) rows, int64_t W, int64_t C,
+                                    SYNCBN_PTR(acc_t) mean_out, SYNCBN_PTR(acc_t) invstd_out,
+                                    SYNCBN_PTR(double) count_out, SYNCBN_PTR(run_t) running_mean,
+                                    SYNCBN_PTR(run_t) running_var, SYNCBN_PTR(const int64_t) num_batches,
                                     double momentum, double eps) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = 2 * C + 1;
@@ -70,7 +67,7 @@ void launch_gather(const at::Tensor& rows, int64_t C, const at::Tensor& mean, co
   constexpr int kGatherThreads = 128;
   // At least one block even for C == 0: thread 0 still writes the global count.
   const dim3 grid(unsigned(std::max<int64_t>(ceil_div(C, kGatherThreads), 1)));
-  gather_stats_kernel<acc_t, run_t><<<grid, kGatherThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SYNCBN_LAUNCH(grid, kGatherThreads, 0, c10::cuda::getCurrentCUDAStream(), gather_stats_kernel<acc_t, run_t>)(
       rows.const_data_ptr<double>(), rows.size(0), C, mean.data_ptr<acc_t>(), invstd.data_ptr<acc_t>(),
       count.data_ptr<double>(), running_mean ? running_mean->data_ptr<run_t>() : nullptr,
       running_var ? running_var->data_ptr<run_t>() : nullptr,
@@ -95,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     double momentum, double eps, bool acc_double) {
   using namespace detail;
-  TORCH_CHECK(gathered.defined() && gathered.is_cuda(), "batch_norm_gather_stats: expected CUDA rows");
+  TORCH_CHECK(gathered.defined() && simt::is_device_tensor(gathered), "batch_norm_gather_stats: expected CUDA rows");
   TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1,
               "batch_norm_gather_stats: expected gathered stats of shape [world_size, 2*C+1], got ",
               gathered.sizes());

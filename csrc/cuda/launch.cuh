@@ -3,8 +3,6 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAException.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,7 +48,7 @@ inline bool is_channels_last_dense(const at::Tensor& t) {
 }
 
 inline void check_input(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(x.defined() && x.is_cuda(), op, ": expected a CUDA input tensor, got ",
+  TORCH_CHECK(x.defined() && simt::is_device_tensor(x), op, ": expected a CUDA input tensor, got ",
               x.defined() ? x.device().str() : "an undefined tensor");
   TORCH_CHECK(x.dim() >= 2, op, ": expected input of shape (N, C, *) with at least 2 dims, got ", x.sizes());
   const auto t = x.scalar_type();
