@@ -6,6 +6,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -166,18 +167,17 @@ void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, con
 at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tensor& input,
                                       const at::Tensor& mean, const at::Tensor& invstd) {
   using namespace detail;
-  check_input(input, "batch_norm_backward_reduce");
+  constexpr const char* kOp = "batch_norm_backward_reduce";
+  const Layout l = check_input(input, kOp);
+  checks::like_input(grad_out, input, l.format, kOp, "grad_out");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
-  const at::Tensor dy = like_layout(grad_out, x, l, "batch_norm_backward_reduce: grad_out");
-  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "batch_norm_backward_reduce: grad_out must have the input's dtype ",
-              x.scalar_type(), ", got ", dy.scalar_type());
+  const at::Tensor& x = input;
+  const at::Tensor& dy = grad_out;
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor mean_a = channel_vector(mean, x, acc, kOp, "mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, kOp, "invstd");
   const auto opts = x.options().dtype(acc).memory_format(at::MemoryFormat::Contiguous);
   if (x.numel() == 0) return at::zeros({2 * l.c}, opts);
-  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_backward_reduce: mean");
-  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_backward_reduce: invstd");
   at::Tensor out = at::empty({2 * l.c}, opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_backward_reduce_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;

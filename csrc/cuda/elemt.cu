@@ -6,6 +6,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
+
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -109,16 +110,15 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
                             const at::Tensor& invstd) {
   using namespace detail;
   constexpr const char* kOp = "batch_norm_elemt";
-  check_input(input, kOp);
+  const Layout l = check_input(input, kOp);
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
-  at::Tensor y = at::empty_like(x);  // x is dense, so y gets exactly x's strides
-  if (x.numel() == 0) return y;
+  const at::Tensor& x = input;
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_elemt: mean");
-  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_elemt: invstd");
+  const at::Tensor mean_a = channel_vector(mean, x, acc, kOp, "mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, kOp, "invstd");
   const Affine affine = prepare_affine(weight, bias, x, acc, kOp);
+  at::Tensor y = empty_like_input(x, l);
+  if (x.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_elemt_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     dispatch_param_type<scalar_t, acc_t>(affine.native, [&](auto tag) {

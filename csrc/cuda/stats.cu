@@ -7,6 +7,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+
 #include "launch.cuh"
 #include "../ops.h"
 
@@ -174,10 +175,9 @@ void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, d
 
 at::Tensor batch_norm_stats(const at::Tensor& input) {
   using namespace detail;
-  check_input(input, "batch_norm_stats");
+  const Layout l = check_input(input, "batch_norm_stats");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
+  const at::Tensor& x = input;
   const auto opts = x.options().dtype(at::kDouble).memory_format(at::MemoryFormat::Contiguous);
   // Empty batch (or C == 0): count = mean = m2 = 0, and no kernel with an empty grid.
   if (x.numel() == 0) return at::zeros({2 * l.c + 1}, opts);
