@@ -2,7 +2,11 @@
 // compiler against the SIMT emulation) with the same Python signatures as the real extension's, taking
 // CPU tensors (host memory plays device memory); the emulated device's properties; the launch log and
 // counters; and the probe kernels that test the emulator itself (csrc/simt/probes.cu).
-#include <torch/extension.h>
+//
+// pybind.h (tensor casters) rather than <torch/extension.h>: the whole C++ frontend costs ~20 s of CPU
+// per compile and nothing here uses it.
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "../ops.h"
 #include "device_memory.h"

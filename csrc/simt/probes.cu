@@ -176,7 +176,7 @@ const std::map<std::string, FaultFn>& faults() {
       {"shuffle_mask_disagreement",
        [] {
          at::Tensor y = at::zeros({32});
-         SYNCBN_LAUNCH(dim3(1), dim3(32), 0, nullptr, shuffle_mask_kernel)(y.data_ptr<float>(), 0x0000ffffu, 0xffffffffu, 1, 32, -1);
+         SYNCBN_LAUNCH(dim3(1), dim3(32), 0, nullptr, shuffle_mask_kernel)(y.data_ptr<float>(), 0xffffffffu, 0xffff0000u, 1, 32, -1);
        }},
       {"shuffle_width",
        [] {
