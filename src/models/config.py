@@ -97,7 +97,7 @@ class NormConfig:
     affine_trainable: bool = True
 
     def validate(self, device: Optional[str] = "auto") -> None:
-        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks torch_syncbn's needs."""
+        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip): GPU needs of (torch_)syncbn."""
         if self.name not in NORM_NAMES:
             raise ValueError(f"norm.name must be one of {', '.join(NORM_NAMES)}; got {self.name!r} "
                              "(e.g. norm=syncbn)")
@@ -109,6 +109,17 @@ class NormConfig:
             raise ValueError(f"norm.num_groups must be >= 1, got {self.num_groups}")
         if self.name == "torch_syncbn" and device is not None:
             _check_torch_syncbn_device(device)
+        if self.name == "syncbn" and device is not None and device != "cpu":
+            _check_syncbn_cuda_kernels(device)
+
+
+def _check_syncbn_cuda_kernels(device: str) -> None:
+    """Our SyncBN on GPUs needs its CUDA kernels built (or nvcc to build them): refuse before training."""
+    from src.syncbn.extension import cuda_kernels_problem
+
+    problem = cuda_kernels_problem()
+    if problem:
+        raise ValueError(f"norm=syncbn on CUDA (device={device}): {problem}")
 
 
 def _check_torch_syncbn_device(device: str) -> None:

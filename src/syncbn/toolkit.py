@@ -40,6 +40,11 @@ class ToolkitSearch:
     tried: tuple[str, ...]  # one line per rejected candidate, or that there was none
 
 
+def conventional_roots() -> list[Path]:
+    """Where CUDA toolkits install by default, matching version first."""
+    return ([Path(f"/usr/local/cuda-{torch.version.cuda}")] if torch.version.cuda else []) + [Path("/usr/local/cuda")]
+
+
 def _candidates() -> tuple[list[Path], str | None]:
     """Roots to try in order, and the environment variable that chose them (None: searched)."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -50,9 +55,7 @@ def _candidates() -> tuple[list[Path], str | None]:
     nvcc = shutil.which("nvcc")
     if nvcc:
         roots.append(Path(nvcc).resolve().parents[1])
-    if torch.version.cuda:
-        roots.append(Path(f"/usr/local/cuda-{torch.version.cuda}"))
-    roots.append(Path("/usr/local/cuda"))
+    roots += [r for r in conventional_roots() if r.exists()]
     return list(dict.fromkeys(roots)), None
 
 
@@ -90,10 +93,9 @@ def _search(env_key: tuple[str | None, ...]) -> ToolkitSearch:
         if isinstance(result, CudaToolkit):
             return ToolkitSearch(result, tuple(tried))
         tried.append(f"{chosen_by}={root}: {result.split(': ', 1)[1]}" if chosen_by else result)
-    if not roots:
-        tried.append("no nvcc on PATH")
-    elif chosen_by is None and not shutil.which("nvcc"):
-        tried.insert(0, "no nvcc on PATH")
+    if chosen_by is None and not shutil.which("nvcc"):
+        tried.insert(0, "CUDA_HOME unset, no nvcc on PATH" + ("" if roots else ", none in " + ", ".join(
+            str(r) for r in conventional_roots())))
     return ToolkitSearch(None, tuple(tried))
 
 
