@@ -2,9 +2,12 @@
 // thread, with the barrier, the warp-synchronous operations and the fault reports they need.
 //
 // Scheduling: a block's threads run in thread-index order, each until it blocks (barrier, shuffle) or
-// exits; a barrier or warp operation completes when its last participant arrives, which then runs on
-// and the released threads follow in the next pass. If a pass finds no runnable thread while some are
-// blocked, the block is deadlocked (a barrier or shuffle some thread never reaches): a fault.
+// exits; a barrier or warp operation completes when its last participant arrives, which then runs on.
+// A lane that blocks in a warp operation, or exits, hands over straight to the next runnable lane of
+// its warp (one context switch, no pass of the scheduler: a warp's shuffles cost one switch per lane);
+// a thread that waits at a barrier returns to the scheduler, which runs the next runnable thread. If a
+// pass finds no runnable thread while some are blocked, the block is deadlocked (a barrier or shuffle
+// some thread never reaches): a fault.
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -144,6 +147,7 @@ class Executor {
  private:
   void run_block(uint3 block_idx);
   void yield(Thread& t);
+  void switch_within_warp(Thread& t);
   void thread_exit(Thread& t);
   std::string deadlock_report() const;
   std::string who(const Thread& t) const {
@@ -168,6 +172,7 @@ class Executor {
   std::source_location barrier_loc_;
   std::string fault_;
   bool running_ = false;
+  int64_t switches_ = 0;  // this launch's, added to the process totals when it ends
 };
 
 Executor& executor() {
@@ -176,8 +181,24 @@ Executor& executor() {
 }
 
 void Executor::yield(Thread& t) {
-  counters().switches.fetch_add(1, std::memory_order_relaxed);
+  ++switches_;
   Fiber::switch_to(t.fiber, scheduler_);
+}
+
+// t cannot run on: resume the next runnable lane of its warp (whoever resumes t later sets current_).
+void Executor::switch_within_warp(Thread& t) {
+  const int base = t.warp * 32;
+  const int lanes = std::popcount(warps_[t.warp].existing);
+  for (int k = 1; k < lanes; ++k) {
+    Thread& next = *threads_[base + (t.lane + k) % lanes];
+    if (next.state != State::kReady) continue;
+    current_ = &next;
+    detail::tls_view = &next.view;
+    ++switches_;
+    Fiber::switch_to(t.fiber, next.fiber);
+    return;
+  }
+  yield(t);
 }
 
 void Executor::thread_main(void* arg) {
@@ -191,7 +212,7 @@ void Executor::thread_main(void* arg) {
     ex.fault("the kernel threw a non-standard exception");
   }
   ex.thread_exit(t);
-  ex.yield(t);  // never resumed
+  ex.switch_within_warp(t);  // never resumed
   std::abort();
 }
 
@@ -295,7 +316,7 @@ const WarpOp& Executor::warp_op(WarpOpKind kind, unsigned mask, uint64_t value, 
   t.state = State::kAtWarpOp;
   t.where = loc;
   t.op = op;
-  yield(t);
+  switch_within_warp(t);
   return *op;
 }
 
@@ -332,7 +353,7 @@ void Executor::run_block(uint3 block_idx) {
     t.lane = i % 32;
     t.warp = i / 32;
     t.view = ThreadView{uint3{unsigned(i % bx), unsigned((i / bx) % int(block_.y)), unsigned(i / bxy)}, block_idx,
-                        block_, grid_};
+                        block_, grid_, this};
     t.state = State::kReady;
     t.op = nullptr;
     t.fiber.start(backend_, &Executor::thread_main, &t);
@@ -355,7 +376,7 @@ void Executor::run_block(uint3 block_idx) {
       if (t.state != State::kReady) continue;
       current_ = &t;
       detail::tls_view = &t.view;
-      counters().switches.fetch_add(1, std::memory_order_relaxed);
+      ++switches_;
       Fiber::switch_to(scheduler_, t.fiber);
       detail::tls_view = nullptr;
       current_ = nullptr;
@@ -384,6 +405,7 @@ void Executor::run(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
   shmem_bytes_ = shmem;
   if (shmem_.size() < shmem) shmem_.resize(shmem);
   fault_.clear();
+  switches_ = 0;
   for (unsigned z = 0; z < grid.z && fault_.empty(); ++z)
     for (unsigned y = 0; y < grid.y && fault_.empty(); ++y)
       for (unsigned x = 0; x < grid.x && fault_.empty(); ++x) {
@@ -391,6 +413,8 @@ void Executor::run(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
         counters().blocks.fetch_add(1, std::memory_order_relaxed);
         counters().threads.fetch_add(nthreads_, std::memory_order_relaxed);
       }
+  counters().switches.fetch_add(switches_, std::memory_order_relaxed);
+  switches_ = 0;
   running_ = false;
   kernel_ = nullptr;
   if (!fault_.empty()) {
@@ -484,21 +508,18 @@ namespace detail {
   TORCH_CHECK(false, "simt: ", what, " used outside an emulated kernel");
 }
 
-void syncthreads(const std::source_location& loc) {
-  (void)view("__syncthreads");
-  executor().syncthreads(loc);
-}
+static Executor& running_executor(const char* what) { return *static_cast<Executor*>(view(what).executor); }
+
+void syncthreads(const std::source_location& loc) { running_executor("__syncthreads").syncthreads(loc); }
 
 void syncwarp(unsigned mask, const std::source_location& loc) {
-  (void)view("__syncwarp");
-  Executor& ex = executor();
+  Executor& ex = running_executor("__syncwarp");
   ex.finish_read(ex.warp_op(WarpOpKind::kSyncwarp, mask, 0, loc));
 }
 
 uint64_t shuffle(ShuffleMode mode, unsigned mask, uint64_t value, int lane_arg, int width,
                  const std::source_location& loc) {
-  (void)view("a warp shuffle");
-  Executor& ex = executor();
+  Executor& ex = running_executor("a warp shuffle");
   if (width < 1 || width > 32 || (width & (width - 1)) != 0)
     ex.fault("warp shuffle (" + where(loc) + ") with width " + std::to_string(width) +
              ": it must be a power of 2 from 1 to 32");
@@ -530,8 +551,7 @@ uint64_t shuffle(ShuffleMode mode, unsigned mask, uint64_t value, int lane_arg, 
 }
 
 void* dynamic_shared_base(size_t* bytes) {
-  (void)view("dynamic shared memory");
-  return executor().dynamic_shared(bytes);
+  return running_executor("dynamic shared memory").dynamic_shared(bytes);
 }
 
 std::string kernel_name_from_signature(const char* pretty_function) {

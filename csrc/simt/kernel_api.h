@@ -33,6 +33,7 @@ struct ThreadView {
   uint3 block_idx;
   dim3 block_dim;
   dim3 grid_dim;
+  void* executor;  // the emulator running it (executor.cpp), so synchronisation needs no TLS lookup
 };
 
 namespace detail {
