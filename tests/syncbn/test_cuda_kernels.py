@@ -18,6 +18,11 @@ from tests.syncbn.cuda_cases import (ACC_TOL, BACKENDS, CASE_IDS, CASES, DTYPES,
                                      close, load_backend, make, to_cpu)
 
 
+# (input dtype, affine parameters): none, in the input dtype, or fp32 with a 16-bit input (AMP).
+AFFINE = [pytest.param(dt, mode, id=f"{dt}-{mode}") for dt in DTYPES for mode in ("none", "native", "fp32")
+          if mode != "fp32" or dt in (torch.float16, torch.bfloat16)]
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def kb(request):
     """The backend the kernels run on (emulated on the CPU, or a GPU)."""
@@ -197,12 +202,9 @@ def test_gather_stats_skips_empty_rows_and_all_empty(kb):
     assert (rm == 1).all() and (rv == 1).all()
 
 
-@pytest.mark.parametrize("mode", ["none", "native", "fp32"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,mode", AFFINE)
 @pytest.mark.parametrize("shape,layout,device,why", CASES, ids=CASE_IDS)
 def test_elemt(kb, cpu_ops, shape, layout, device, why, dtype, mode):
-    if mode == "fp32" and dtype in (torch.float32, torch.float64):
-        pytest.skip("fp32 parameters are the native case for this dtype")
     kb.use(device)
     x = make(shape, layout, dtype, kb.device, loc=0.5)
     mean, invstd, _ = global_stats(kb.ops, x)
@@ -240,12 +242,9 @@ def test_backward_reduce(kb, cpu_ops, shape, layout, device, why, dtype):
         torch.testing.assert_close(out[c:], (t_dyxmu * invstd).to(out.dtype), rtol=10 * tol, atol=10 * tol * scale)
 
 
-@pytest.mark.parametrize("mode", ["none", "native", "fp32"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,mode", AFFINE)
 @pytest.mark.parametrize("shape,layout,device,why", CASES, ids=CASE_IDS)
 def test_backward_elemt(kb, cpu_ops, shape, layout, device, why, dtype, mode):
-    if mode == "fp32" and dtype in (torch.float32, torch.float64):
-        pytest.skip("fp32 parameters are the native case for this dtype")
     kb.use(device)
     x = make(shape, layout, dtype, kb.device, loc=0.25)
     dy = make(shape, layout, dtype, kb.device, seed=2, loc=0.1)
