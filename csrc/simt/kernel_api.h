@@ -1,8 +1,10 @@
 // The device-side CUDA surface, emulated: the qualifiers, threadIdx / blockIdx / blockDim / gridDim,
 // warpSize, __syncthreads (a real barrier among the block's threads), __syncwarp and the four warp
 // shuffles (32-lane semantics with masks and widths, as PTX's shfl.sync defines them), atomicAdd,
-// static __shared__ (one copy per OS thread running the block: blocks run one at a time per thread)
-// and dynamic shared memory (dynamic_shared<T>(), bounds-checked and poisoned per block).
+// static __shared__ (one copy per OS thread running the block: blocks run one at a time per thread; not
+// bounds-checked or poisoned, ptxas sizes it) and dynamic shared memory (dynamic_shared<T>(),
+// bounds-checked and poisoned per block). __launch_bounds__ is accepted and ignored (register limits
+// are ptxas' to enforce).
 //
 // Every synchronisation records where it was called from (std::source_location), so a barrier or
 // shuffle that threads reach from different places, or that a thread skips by returning early, is a
