@@ -398,7 +398,7 @@ def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100") -> Mo
     with overrides ("orin,sm_count=2"), or a mapping of overrides on top of h100 ({"sm_count": 4}).
     The keys are those of `module.device()`. The module is one per process: loading it again with
     another device switches every later launch to that device. Built on first use (host compiler,
-    about a minute on 2 cores), cached like the other variants. Besides the five ops the module has
+    about 70 s of CPU time), cached like the other variants. Besides the five ops the module has
     `set_device`, `device`, `record_launches` / `launches` (kernel names and geometry), `counters`
     and `probes` (kernels that test the emulator itself).
     """
