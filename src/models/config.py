@@ -125,7 +125,7 @@ class NormConfig:
     sync_until_step: Optional[int] = None
 
     def validate(self, device: Optional[str] = "auto", world_size: Optional[int] = None) -> None:
-        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks torch_syncbn's needs,
+        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks the GPU needs of (torch_)syncbn,
         world_size (None = skip) that norm.group_size divides it."""
         if self.name not in NORM_NAMES:
             raise ValueError(f"norm.name must be one of {', '.join(NORM_NAMES)}; got {self.name!r} "
@@ -138,6 +138,8 @@ class NormConfig:
             raise ValueError(f"norm.num_groups must be >= 1, got {self.num_groups}")
         if self.name == "torch_syncbn" and device is not None:
             _check_torch_syncbn_device(device)
+        if self.name == "syncbn" and device is not None and device != "cpu":
+            _check_syncbn_cuda_kernels(device)
         self._validate_sync_modes(world_size)
 
     def _validate_sync_modes(self, world_size: Optional[int]) -> None:
@@ -171,6 +173,15 @@ def check_model_norm(model_cfg: ModelConfig, norm_cfg: NormConfig) -> None:
                 f"norm.{key}={getattr(norm_cfg, key)} does not apply to model={model_cfg.name}: its BatchNorm layers "
                 f"keep the eps and momentum their architecture defines (and its weights files assume); leave "
                 f"norm.{key} at its default ({defaults[key]})")
+
+
+def _check_syncbn_cuda_kernels(device: str) -> None:
+    """Our SyncBN on GPUs needs its CUDA kernels built (or nvcc to build them): refuse before training."""
+    from src.syncbn.extension import cuda_kernels_problem
+
+    problem = cuda_kernels_problem()
+    if problem:
+        raise ValueError(f"norm=syncbn on CUDA (device={device}): {problem}")
 
 
 def _check_torch_syncbn_device(device: str) -> None:

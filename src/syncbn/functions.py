@@ -8,6 +8,7 @@ channel (then the global count decides whether F.batch_norm's "more than 1 value
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import torch
@@ -19,8 +20,19 @@ _OPS: Any = None
 
 
 def kernel_ops() -> Any:
-    """The compiled kernel module (built or loaded once per process, on first use)."""
+    """The compiled kernel module (built or loaded once per process, on first use).
+
+    SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated selects the CUDA kernels run on the CPU by the SIMT emulation
+    (tests: CPU tensors through the CUDA code; see extension.load_emulated_cuda_extension).
+    """
     global _OPS
+    choice = os.environ.get("SYNCTRAIN_SYNCBN_KERNELS", "")
+    if choice == "cuda-emulated":
+        from .extension import emulated_cuda_ops
+
+        return emulated_cuda_ops()
+    if choice:
+        raise ValueError(f"SYNCTRAIN_SYNCBN_KERNELS={choice!r}: expected 'cuda-emulated' or unset")
     if _OPS is None:
         from .extension import load_extension  # deferred: importing src.syncbn never compiles
 
