@@ -79,7 +79,7 @@ class Preemption:
         self._restored, self._previous = self._previous, {}
 
     def pass_on(self) -> None:
-        """After uninstall(): give the signal received to the Python handler it had replaced, if any.
+        """Give the signal received to the Python handler it had replaced, if any.
 
         Under Hydra's submitit launcher that handler is submitit's own, which requeues the job.
         Default and ignore dispositions, and Python's KeyboardInterrupt handler, are left alone.
@@ -87,7 +87,7 @@ class Preemption:
         if self.received is None:
             return
         sig = signal.Signals[self.received]
-        previous = self._restored.get(sig)
+        previous = self._previous.get(sig, self._restored.get(sig))
         if callable(previous) and previous not in (self._on_signal, signal.default_int_handler):
             previous(int(sig), None)
 
@@ -182,9 +182,15 @@ class PreemptionHook:
             self._stop(trainer)
 
     def after_train(self, trainer: Trainer) -> None:
-        """Say how to continue, put the previous handlers back, and pass the signal on to them."""
-        self.preemption.uninstall()
+        """Say how to continue and pass the signal on; put the previous handlers back unless stopped.
+
+        A run stopped for preemption keeps its record-only handlers until the process exits: torchrun
+        SIGTERMs the other workers the moment the first one exits with EXIT_PREEMPTED, and a worker
+        that is past its last collective, with last.pt written, should end with that exit code too
+        rather than be killed by the default SIGTERM action halfway through closing its logs.
+        """
         if self.stopped_after is None:
+            self.preemption.uninstall()
             return
         where = trainer.saver.dir if trainer.saver is not None else "the run directory"
         log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "

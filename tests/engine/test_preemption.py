@@ -9,11 +9,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from src.engine.preemption import Preemption, parse_signals
+from src.engine.preemption import Preemption, PreemptionHook, parse_signals
 from tests.engine.gloo_ranks import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +55,29 @@ def test_the_replaced_handler_gets_the_signal_after_the_stop() -> None:
         assert seen == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_a_stopped_run_keeps_catching_until_exit_and_an_unstopped_one_restores() -> None:
+    # torchrun SIGTERMs the other workers as soon as the first exits 75; a worker already past its
+    # last collective must still exit 75 itself, not die of the default SIGTERM action.
+    before = signal.getsignal(signal.SIGUSR2)
+    finished = PreemptionHook(["SIGUSR2"])
+    finished.preemption.install()
+    finished.after_train(SimpleNamespace(saver=None))
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+    stopped = PreemptionHook(["SIGUSR2"])
+    stopped.preemption.install()
+    try:
+        stopped.preemption.received = "SIGUSR2"
+        stopped.stopped_after = 3
+        stopped.after_train(SimpleNamespace(saver=None))
+        assert signal.getsignal(signal.SIGUSR2) == stopped.preemption._on_signal
+        os.kill(os.getpid(), signal.SIGUSR2)  # with the default action restored this would end pytest
+        time.sleep(0.05)
+    finally:
+        stopped.preemption.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) is before
 
 
 def test_no_signals_configured_catches_nothing() -> None:
