@@ -90,10 +90,10 @@ class SyncBatchNorm(_BatchNorm):
             momentum = float(self.momentum)
         else:  # cumulative average: the kernel uses 1 / num_batches_tracked (negative = that mode)
             momentum = -1.0 if num_batches_tracked is not None else 0.0
-        group, world_size = resolve_group(self.process_group)
+        group_name, world_size = resolve_group(self.process_group)
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
-            momentum, float(self.eps), group, world_size,
+            momentum, float(self.eps), group_name, world_size,
         )
 
 
