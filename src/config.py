@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.data.config import DataConfig
-from src.models.config import ModelConfig, NormConfig
+from src.models.config import ModelConfig, NormConfig, check_model_norm
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "poly")
@@ -166,10 +166,12 @@ class TrainConfig:
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-def validate_config(cfg: DictConfig | dict[str, Any]) -> DictConfig:
+def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> DictConfig:
     """Merge `cfg` into the schema (unknown keys and wrong types rejected), run every check; return it typed.
 
-    Raises ValueError whose message names the offending key. Call it before init_distributed.
+    Raises ValueError whose message names the offending key. Call it before init_distributed. world_size:
+    the number of training processes, for checks that depend on it (norm.group_size); None skips them
+    (evaluation, which never synchronises BatchNorm statistics).
     """
     raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     if "hydra" in raw:  # a config loaded from .hydra/ or composed with return_hydra_config
@@ -185,7 +187,10 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> DictConfig:
         raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer):
         part.validate()
-    typed.norm.validate(typed.device)  # torch_syncbn needs CUDA + NCCL: refused here, not at the first forward
+    # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
+    # not at the first forward.
+    typed.norm.validate(typed.device, world_size=world_size)
+    check_model_norm(typed.model, typed.norm)
     _check_across_groups(typed)
     return merged
 

@@ -58,6 +58,13 @@ def launched_distributed() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def launch_world_size() -> int:
+    """Processes in this job, also before init_distributed: torchrun's WORLD_SIZE (1 in a plain run)."""
+    if is_initialized():
+        return dist.get_world_size()
+    return int(os.environ["WORLD_SIZE"]) if launched_distributed() else 1
+
+
 def select_device(device: str = "auto") -> torch.device:
     """The device of this process: cuda:LOCAL_RANK when GPUs are used, else the CPU."""
     if device == "auto":

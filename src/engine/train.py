@@ -35,7 +35,8 @@ log = logging.getLogger("src.engine.train")
 
 def run(cfg: DictConfig | dict) -> dict[str, float]:
     """Train as configured; returns the last validation metrics (on every rank)."""
-    cfg = validate_config(cfg)  # before any process group: a typo fails fast on every rank
+    # Before any process group: a typo fails fast on every rank.
+    cfg = validate_config(cfg, world_size=dist.launch_world_size())
     typed = OmegaConf.to_object(cfg)
     device = dist.select_device(cfg.device)
     threads = configure_threads(cfg.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
@@ -77,6 +78,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
 
     from src.data import build_datasets, build_eval_loader, build_train_loader
     from src.models import build_model
+    from src.models.norms import NormSync
 
     data = build_datasets(typed.data, seed=cfg.seed)
     train_loader = build_train_loader(data.train, typed.data, rank, world, cfg.seed, drop_last=True)
@@ -84,6 +86,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
 
     seed_everything(cfg.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(typed.model, typed.norm, data.num_classes).to(device)
+    norm_sync = NormSync(model, typed.norm, cfg.trainer.dist_timeout_s)  # collective with norm.group_size
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     seed_everything(cfg.seed + rank)  # everything random from here (dropout, MixUp) differs per rank
@@ -114,6 +117,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
         _restore(restored, model, optimizer, scheduler, scaler, ema, state, saver, world * cfg.data.batch_size)
         log.info("resumed from %s at epoch %d, step %d, micro-batch %d", resume_from, state.epoch, state.step,
                  state.micro_batch)
+    norm_sync.on_step(state.step)
     check_norm_health(model, "start", strict=True)
 
     plain_config = OmegaConf.to_container(cfg, resolve=True)
@@ -129,6 +133,7 @@ def _train(cfg: DictConfig, typed: Any, device: torch.device, run_dir: Path, tra
         }
 
     def after_step(progress: Progress) -> bool:
+        norm_sync.on_step(progress.step)
         every = cfg.trainer.checkpoint_every
         if every and progress.step % every == 0:
             data_state = snapshot(None)
@@ -198,9 +203,10 @@ def _evaluate(cfg: DictConfig, model: nn.Module, ema: Optional[nn.Module], loade
               device: torch.device, tracker: Tracker, state: Progress, epoch: int) -> dict[str, float]:
     """Exact distributed evaluation of the model (and its EMA), logged as a `val` row; same dict on all ranks."""
     from src.engine.evaluator import evaluate
+    from src.models.norms import per_rank_statistics
 
-    if cfg.norm.name == "bn" and not cfg.trainer.broadcast_buffers:
-        # Per-rank BN saw only its shard: make running stats equal before evaluating.
+    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
+        # Per-rank statistics saw only a shard: make running stats equal before evaluating.
         sync_bn_buffers(model, cfg.trainer.norm_buffer_sync)
     check_norm_health(model, f"before evaluation at step {state.step}", strict=False)
     kwargs = dict(amp=cfg.trainer.amp, ignore_index=data.ignore_index, class_names=list(data.class_names))

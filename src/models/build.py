@@ -7,12 +7,10 @@ from typing import Any, Mapping, TypeVar, Union
 
 from torch import nn
 
-from src.models.cifar_resnet import CifarResNet
-from src.models.config import (CIFAR_RESNET_DEPTHS, IMAGENET_RESNETS, SEGMENTATION_MODELS, ModelConfig,
-                               NormConfig)
-from src.models.deeplab import build_deeplab
-from src.models.norms import finalize_norms, norm_layer_factory
-from src.models.resnet import build_resnet_classifier
+from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.models.norms import finalize_norms
+from src.models.param_groups import head_module_names
+from src.models.registry import MODELS
 from src.models.weights import load_weights
 
 T = TypeVar("T", ModelConfig, NormConfig)
@@ -43,7 +41,7 @@ def model_task(model_cfg: ConfigLike) -> str:
     """"classification" or "segmentation" for a model config."""
     cfg = as_config(model_cfg, ModelConfig)
     cfg.validate(check_files=False)
-    return "segmentation" if cfg.name in SEGMENTATION_MODELS else "classification"
+    return MODELS.get(cfg.name).task
 
 
 def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *,
@@ -59,24 +57,19 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     # Hardware needs of torch_syncbn are checked by the app's config validation (NormConfig.validate with
     # the run's device); building one on a CPU-only machine stays possible (inspection, conversion).
     ncfg.validate(device=None)
+    check_model_norm(mcfg, ncfg)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
-    norm_layer = norm_layer_factory(ncfg)
-    name = mcfg.name
-    if name in CIFAR_RESNET_DEPTHS:
-        model: nn.Module = CifarResNet(CIFAR_RESNET_DEPTHS[name], num_classes, norm_layer, mcfg.cifar_shortcut,
-                                       mcfg.zero_init_residual)
-    elif name in IMAGENET_RESNETS:
-        model = build_resnet_classifier(name, num_classes, norm_layer, mcfg.zero_init_residual)
-    else:
-        model = build_deeplab(name, num_classes, norm_layer, mcfg.output_stride, aux=mcfg.aux_loss_weight > 0,
-                              head_channels=mcfg.head_channels, zero_init_residual=mcfg.zero_init_residual,
-                              decoder_stride=mcfg.decoder_stride)
+    entry = MODELS.get(mcfg.name)
+    model = entry.builder(mcfg, ncfg, num_classes)
     model = finalize_norms(model, ncfg)
     # Weights are loaded after the norm conversion: bn / syncbn / frozen_bn share state_dict keys.
     if weights_files and mcfg.backbone_weights:
-        target = model.backbone if name in SEGMENTATION_MODELS else model
-        load_weights(target, mcfg.backbone_weights, strict=mcfg.weights_strict, ignore_prefixes=("fc.",),
+        if entry.task == "segmentation":
+            target, ignore = model.backbone, ("fc.",)
+        else:  # a classifier's own head (fc, classifier, head.fc, ...) is left to train from scratch
+            target, ignore = model, tuple(f"{name}." for name in head_module_names(model))
+        load_weights(target, mcfg.backbone_weights, strict=mcfg.weights_strict, ignore_prefixes=ignore,
                      what="model.backbone_weights")
     if weights_files and mcfg.weights:
         load_weights(model, mcfg.weights, strict=mcfg.weights_strict, what="model.weights")

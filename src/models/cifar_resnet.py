@@ -10,11 +10,17 @@ where the shape changes, identity elsewhere).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.norms import NormLayer
+from src.models.config import ModelConfig, NormConfig
+from src.models.norms import NormLayer, norm_layer_factory
+from src.models.registry import MODELS
+
+DEPTHS = (20, 32, 44, 56, 110, 1202)
 
 
 class PadShortcut(nn.Module):
@@ -90,3 +96,14 @@ class CifarResNet(nn.Module):
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _builder(depth: int) -> Callable[[ModelConfig, NormConfig, int], CifarResNet]:
+    def build(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> CifarResNet:
+        """CIFAR ResNet of this depth with the configured norm, shortcut kind and zero-init."""
+        return CifarResNet(depth, num_classes, norm_layer_factory(norm_cfg), cfg.cifar_shortcut, cfg.zero_init_residual)
+    return build
+
+
+for _depth in DEPTHS:
+    MODELS.register(f"resnet{_depth}", task="classification", family="cifar_resnet")(_builder(_depth))

@@ -1,24 +1,22 @@
-"""Model and norm config schemas (Hydra structured configs) and their validation."""
+"""Model and norm config schemas (Hydra structured configs) and their validation.
+
+Which names `model.name` may take, and each one's task, is the registry's (src/models/registry.py):
+every model family registers its builders there, and the checks here read it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
-# Model names by family. CIFAR ResNets follow He et al. 2016, section 4.2 (depth = 6n + 2).
-CIFAR_RESNET_DEPTHS = {"resnet20": 20, "resnet32": 32, "resnet44": 44, "resnet56": 56, "resnet110": 110,
-                       "resnet1202": 1202}
-IMAGENET_RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-DEEPLAB_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
-DEEPLAB_MODELS = tuple(f"deeplabv3_{b}" for b in DEEPLAB_BACKBONES) + tuple(
-    f"deeplabv3plus_{b}" for b in DEEPLAB_BACKBONES)
-CLASSIFICATION_MODELS = tuple(CIFAR_RESNET_DEPTHS) + IMAGENET_RESNETS
-SEGMENTATION_MODELS = DEEPLAB_MODELS
-MODEL_NAMES = CLASSIFICATION_MODELS + SEGMENTATION_MODELS
+from src.models.registry import MODELS
 
 NORM_NAMES = ("bn", "syncbn", "torch_syncbn", "gn", "frozen_bn")
+# Norms that keep BatchNorm layers (with their eps and momentum) in the network.
+BATCHNORM_KINDS = ("bn", "syncbn", "torch_syncbn", "frozen_bn")
 
 
 @dataclass
@@ -47,26 +45,40 @@ class ModelConfig:
     weights: Optional[str] = None
     # strict=true: every key and shape must match; false: load what matches and log what was skipped.
     weights_strict: bool = True
+    # model=timm / model=torchvision only: the architecture, e.g. efficientnet_b0 (timm.list_models(),
+    # torchvision.models.list_models(module=torchvision.models) list them).
+    arch: Optional[str] = None
+    # model=timm / model=torchvision only: extra keyword arguments for timm.create_model /
+    # torchvision.models.get_model, e.g. {drop_path_rate: 0.1}.
+    kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def validate(self, check_files: bool = True) -> None:
         """Raise ValueError naming the bad key and how to fix it; check_files: the weights files must exist."""
-        if self.name not in MODEL_NAMES:
-            raise ValueError(f"model.name must be one of {', '.join(MODEL_NAMES)}; got {self.name!r} "
+        if self.name not in MODELS:
+            raise ValueError(f"model.name must be one of {', '.join(MODELS.names())}; got {self.name!r} "
                              "(pick a file from conf/model/, e.g. model=resnet20)")
+        entry = MODELS.get(self.name)
+        if entry.info.get("arch"):
+            if not self.arch:
+                raise ValueError(f"model={self.name} needs model.arch=<architecture name>, e.g. "
+                                 f"model={self.name} model.arch=resnet18")
+        elif self.arch is not None or self.kwargs:
+            raise ValueError(f"model.arch and model.kwargs apply only to model=timm / model=torchvision; "
+                             f"remove them for model={self.name}")
         if self.output_stride not in (8, 16):
             raise ValueError(f"model.output_stride must be 8 or 16, got {self.output_stride}")
         if not (isinstance(self.aux_loss_weight, (int, float)) and math.isfinite(self.aux_loss_weight)
                 and self.aux_loss_weight >= 0):
             raise ValueError(f"model.aux_loss_weight must be a finite number >= 0 (0 = no aux head), "
                              f"got {self.aux_loss_weight}")
-        if self.aux_loss_weight > 0 and self.name not in SEGMENTATION_MODELS:
+        if self.aux_loss_weight > 0 and entry.task != "segmentation":
             raise ValueError(f"model.aux_loss_weight applies only to segmentation models; set "
                              f"model.aux_loss_weight=0 for {self.name}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
         if self.decoder_stride not in (2, 4):
             raise ValueError(f"model.decoder_stride must be 4 or 2, got {self.decoder_stride}")
-        if self.decoder_stride != 4 and not self.name.startswith("deeplabv3plus_"):
+        if self.decoder_stride != 4 and entry.info.get("family") != "deeplabv3plus":
             raise ValueError(f"model.decoder_stride={self.decoder_stride} applies only to DeepLabV3+ "
                              f"(deeplabv3plus_*); set model.decoder_stride=4 for {self.name}")
         if self.cifar_shortcut not in ("A", "B"):
@@ -79,6 +91,8 @@ class ModelConfig:
             if path and not os.path.isfile(os.path.expanduser(path)):
                 raise ValueError(f"model.{key}: no file at {path!r}. Nothing is downloaded (offline); copy the "
                                  f"weights file there or set model.{key}=null")
+        if "check" in entry.info:  # the family's own options (e.g. model.arch exists in timm)
+            entry.info["check"](self)
 
 
 @dataclass
@@ -95,9 +109,17 @@ class NormConfig:
     num_groups: int = 16
     # false: the norm layers' weight and bias get no gradient (with frozen_bn: detectron2's FrozenBatchNorm).
     affine_trainable: bool = True
+    # syncbn only, trading exactness for communication (docs/syncbn.md). group_size: statistics shared within
+    # groups of this many consecutive ranks (must divide the world size); null = all ranks.
+    group_size: Optional[int] = None
+    # syncbn only: statistics synchronised on every N-th training forward, this rank's batch otherwise.
+    sync_every: int = 1
+    # syncbn only: synchronised for the first S optimizer steps, per-rank statistics after; null = always.
+    sync_until_step: Optional[int] = None
 
-    def validate(self, device: Optional[str] = "auto") -> None:
-        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks torch_syncbn's needs."""
+    def validate(self, device: Optional[str] = "auto", world_size: Optional[int] = None) -> None:
+        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks torch_syncbn's needs,
+        world_size (None = skip) that norm.group_size divides it."""
         if self.name not in NORM_NAMES:
             raise ValueError(f"norm.name must be one of {', '.join(NORM_NAMES)}; got {self.name!r} "
                              "(e.g. norm=syncbn)")
@@ -109,6 +131,39 @@ class NormConfig:
             raise ValueError(f"norm.num_groups must be >= 1, got {self.num_groups}")
         if self.name == "torch_syncbn" and device is not None:
             _check_torch_syncbn_device(device)
+        self._validate_sync_modes(world_size)
+
+    def _validate_sync_modes(self, world_size: Optional[int]) -> None:
+        modes = {"group_size": (self.group_size, None), "sync_every": (self.sync_every, 1),
+                 "sync_until_step": (self.sync_until_step, None)}
+        changed = [key for key, (value, default) in modes.items() if value != default]
+        if changed and self.name != "syncbn":
+            raise ValueError(f"norm.{changed[0]} applies only to norm=syncbn (ours); got norm={self.name}")
+        if self.group_size is not None:
+            if self.group_size < 1:
+                raise ValueError(f"norm.group_size must be >= 1 or null (all ranks), got {self.group_size}")
+            if world_size is not None and world_size % self.group_size:
+                divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+                raise ValueError(f"norm.group_size={self.group_size} must divide the number of processes "
+                                 f"({world_size}): use one of {divisors}, or null for all ranks")
+        if self.sync_every < 1:
+            raise ValueError(f"norm.sync_every must be >= 1 (1 = every training forward), got {self.sync_every}")
+        if self.sync_until_step is not None and self.sync_until_step < 0:
+            raise ValueError(f"norm.sync_until_step must be >= 0 or null (synchronise throughout), "
+                             f"got {self.sync_until_step}")
+
+
+def check_model_norm(model_cfg: ModelConfig, norm_cfg: NormConfig) -> None:
+    """Checks that need both groups: zoo models keep their own BatchNorm eps and momentum."""
+    if not MODELS.get(model_cfg.name).info.get("arch") or norm_cfg.name not in BATCHNORM_KINDS:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(NormConfig)}
+    for key in ("eps", "momentum"):
+        if getattr(norm_cfg, key) != defaults[key]:
+            raise ValueError(
+                f"norm.{key}={getattr(norm_cfg, key)} does not apply to model={model_cfg.name}: its BatchNorm layers "
+                f"keep the eps and momentum their architecture defines (and its weights files assume); leave "
+                f"norm.{key} at its default ({defaults[key]})")
 
 
 def _check_torch_syncbn_device(device: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,8 +12,12 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
 from torchvision.models.segmentation.fcn import FCNHead
 
-from src.models.norms import NormLayer, replace_batchnorm2d
+from src.models.config import ModelConfig, NormConfig
+from src.models.norms import NormLayer, norm_layer_factory, replace_batchnorm2d
+from src.models.registry import MODELS
 from src.models.resnet import build_dilated_resnet, feature_channels
+
+BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
 
 # Output stride -> (replace_stride_with_dilation for layer2..4, ASPP atrous rates), as in the DeepLabV3 paper.
 OUTPUT_STRIDES: dict[int, tuple[tuple[bool, bool, bool], tuple[int, int, int]]] = {
@@ -137,3 +141,18 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
     if model.aux_classifier is not None:
         model.aux_classifier = replace_batchnorm2d(model.aux_classifier, norm_layer)
     return model
+
+
+def _builder(name: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:
+    def build(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
+        """This DeepLab variant and backbone with the configured norm and head options."""
+        return build_deeplab(name, num_classes, norm_layer_factory(norm_cfg), cfg.output_stride,
+                             aux=cfg.aux_loss_weight > 0, head_channels=cfg.head_channels,
+                             zero_init_residual=cfg.zero_init_residual, decoder_stride=cfg.decoder_stride)
+    return build
+
+
+for _variant in ("deeplabv3", "deeplabv3plus"):
+    for _backbone in BACKBONES:
+        MODELS.register(f"{_variant}_{_backbone}", task="segmentation", family=_variant)(
+            _builder(f"{_variant}_{_backbone}"))

@@ -45,3 +45,56 @@ class FrozenBatchNorm2d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}"
+
+
+class FrozenBatchNormAct2d(FrozenBatchNorm2d):
+    """FrozenBatchNorm2d -> drop -> act: the frozen form of timm's BatchNormAct2d, with its state_dict keys.
+
+    timm's own FrozenBatchNormAct2d stores weight and bias as buffers and drops num_batches_tracked; this
+    one keeps them trainable and the keys identical, like FrozenBatchNorm2d above.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine_trainable: bool = True, *, act: nn.Module | None = None,
+                 drop: nn.Module | None = None) -> None:
+        super().__init__(num_features, eps, momentum, affine_trainable)
+        self.drop = drop if drop is not None else nn.Identity()  # BatchNormAct2d's order: drop, then act
+        self.act = act if act is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise with the running statistics, then drop, then the activation."""
+        return self.act(self.drop(super().forward(x)))
+
+
+def freeze_batchnorm(module: nn.Module) -> tuple[nn.Module, list[str]]:
+    """Turn every nn.BatchNorm2d (and timm BatchNormAct2d) into its frozen form, keeping the same tensors.
+
+    Returns the (possibly new) root and the names of BatchNorm layers that could not be frozen: other
+    classes (1d/3d, subclasses) and layers without running statistics (track_running_stats=False).
+    """
+    skipped: list[str] = []
+
+    def convert(m: nn.Module, name: str) -> nn.Module:
+        norm_act = type(m).__name__ == "BatchNormAct2d" and type(m).__module__.startswith("timm.")
+        if type(m) is nn.BatchNorm2d or norm_act:
+            if m.running_mean is None:
+                skipped.append(name or "<root>")
+                return m
+            parts = {"act": m.act, "drop": m.drop} if norm_act else {}
+            frozen = (FrozenBatchNormAct2d if norm_act else FrozenBatchNorm2d)(
+                m.num_features, m.eps, m.momentum, **parts)
+            frozen.weight, frozen.bias = m.weight, m.bias  # the same Parameters (None when affine=False)
+            for key in ("running_mean", "running_var", "num_batches_tracked"):
+                frozen._buffers[key] = m._buffers[key]
+            frozen.train(m.training)
+            return frozen
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            skipped.append(name or "<root>")
+            return m
+        for child_name, child in m.named_children():
+            new = convert(child, f"{name}.{child_name}" if name else child_name)
+            if new is not child:
+                setattr(m, child_name, new)
+        return m
+
+    return convert(module, ""), skipped

@@ -16,11 +16,18 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def head_module_names(model: nn.Module) -> tuple[str, ...]:
+    """A classifier's head modules: `model.head_module_names` when its builder set it (timm and torchvision
+    models: `fc`, `classifier`, `head.fc`, ...), else the in-repo classifiers' `fc`."""
+    return tuple(getattr(model, "head_module_names", ("fc",)))
+
+
 def is_head_parameter(model: nn.Module, name: str) -> bool:
-    """Heads: everything outside `model.backbone` for segmentation models, the final `fc` for classifiers."""
+    """Heads: everything outside `model.backbone` for segmentation models, the classifier's head modules
+    (`head_module_names`) for classifiers."""
     if isinstance(getattr(model, "backbone", None), nn.Module):
         return not name.startswith("backbone.")
-    return name.startswith("fc.")
+    return name.startswith(tuple(f"{head}." for head in head_module_names(model)))
 
 
 def no_decay_parameter_names(model: nn.Module) -> set[str]:

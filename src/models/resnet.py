@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from src.models.norms import NormLayer
+from src.models.config import ModelConfig, NormConfig
+from src.models.norms import NormLayer, norm_layer_factory
+from src.models.registry import MODELS
 
 # (block, blocks per stage) as in torchvision.models.resnet18 ... resnet152.
 _LAYOUTS: dict[str, tuple[str, list[int]]] = {
@@ -25,6 +27,17 @@ def build_resnet_classifier(name: str, num_classes: int, norm_layer: NormLayer,
     builder = getattr(tv_resnet, name)
     return builder(weights=None, num_classes=num_classes, norm_layer=norm_layer,
                    zero_init_residual=zero_init_residual)
+
+
+def _classifier_builder(name: str) -> Callable[[ModelConfig, NormConfig, int], tv_resnet.ResNet]:
+    def build(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> tv_resnet.ResNet:
+        """torchvision's ImageNet ResNet of this depth with the configured norm."""
+        return build_resnet_classifier(name, num_classes, norm_layer_factory(norm_cfg), cfg.zero_init_residual)
+    return build
+
+
+for _name in _LAYOUTS:
+    MODELS.register(_name, task="classification", family="resnet")(_classifier_builder(_name))
 
 
 def _set_dilation(conv: nn.Conv2d, dilation: int) -> None:

@@ -42,12 +42,18 @@ class LoadReport:
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """Tensors of a weights file: a bare state_dict, or a checkpoint holding one under "model"/"state_dict"."""
+    """Tensors of a weights file: a bare state_dict (.pth / .bin / .safetensors), or a checkpoint holding one
+    under "model"/"state_dict"."""
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file not found: {path!r}. Nothing is downloaded (offline): copy the "
                                 "file there (e.g. torchvision's resnet50-0676ba61.pth) or fix the path")
-    obj: Any = torch.load(path, map_location="cpu", weights_only=True)
+    if path.endswith(".safetensors"):  # timm's / Hugging Face's format (safetensors comes with timm)
+        from safetensors.torch import load_file
+
+        obj: Any = load_file(path, device="cpu")
+    else:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     for key in ("model", "state_dict"):
         if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
             obj = obj[key]

@@ -3,16 +3,26 @@
     from src.syncbn import SyncBatchNorm2d, convert_sync_batchnorm
     model = convert_sync_batchnorm(model)  # every nn.BatchNormXd -> SyncBatchNormXd, same tensors
 
-See docs/syncbn.md for semantics, the gradient convention and the differences from nn.SyncBatchNorm.
+See docs/syncbn.md for semantics, the gradient convention, groups and the communication-saving modes,
+and the differences from nn.SyncBatchNorm.
 """
-from .convert import convert_sync_batchnorm, revert_sync_batchnorm
+
+from .convert import UnconvertedBatchNormWarning, convert_sync_batchnorm, revert_sync_batchnorm
+from .groups import create_rank_groups
 from .modules import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d
+from .norm_act import SyncBatchNormAct2d
+from .sync_modes import configure_sync, set_optimizer_step
 
 __all__ = [
     "SyncBatchNorm",
     "SyncBatchNorm1d",
     "SyncBatchNorm2d",
     "SyncBatchNorm3d",
+    "SyncBatchNormAct2d",
+    "UnconvertedBatchNormWarning",
+    "configure_sync",
     "convert_sync_batchnorm",
+    "create_rank_groups",
     "revert_sync_batchnorm",
+    "set_optimizer_step",
 ]

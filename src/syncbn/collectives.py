@@ -29,10 +29,18 @@ def process_group_available() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def resolve_group(process_group: Optional[Any]) -> tuple[str, int]:
-    """(group name, size) for a layer's process_group (None = WORLD, looked up now); ("", 1) without a group."""
+def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None) -> tuple[str, int]:
+    """(group name, size) for a layer's process_group (None = WORLD, looked up now); ("", 1) without a group.
+
+    group_size, when set, replaces process_group: this rank's group of that many consecutive ranks
+    (created beforehand by `groups.create_rank_groups`).
+    """
     if not process_group_available():
         return "", 1
+    if group_size is not None:
+        from .groups import rank_group
+
+        process_group = rank_group(group_size)
     group = process_group if process_group is not None else dist.group.WORLD
     size = dist.get_world_size(group)
     if size < 1:

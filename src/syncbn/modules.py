@@ -24,7 +24,21 @@ class SyncBatchNorm(_BatchNorm):
     communicates. Without a process group, or in a group of one, it is plain batch norm.
     `process_group=None` is resolved to WORLD at forward time, so a model may be built before
     init_process_group.
+
+    Communication-saving modes (off by default; set them with `configure_sync`, docs/syncbn.md):
+    `group_size=k` shares statistics within groups of k consecutive ranks instead of `process_group`;
+    `sync_every=N` synchronises every N-th training forward (counted by num_batches_tracked, so the
+    schedule survives a resume) and uses this rank's batch alone in between; `sync_until_step=S`
+    synchronises while `optimizer_step < S` (the trainer keeps `optimizer_step` current via
+    `set_optimizer_step`), per-rank statistics after. A local forward's backward is local too.
     """
+
+    # Class-level defaults (exact behaviour); instances override them.
+    group_size: Optional[int] = None
+    sync_every: int = 1
+    sync_until_step: Optional[int] = None
+    optimizer_step: int = 0
+    _forwards: Optional[int] = None  # this layer's training forwards before the current one (sync_every)
 
     def __init__(
         self,
@@ -90,11 +104,38 @@ class SyncBatchNorm(_BatchNorm):
             momentum = float(self.momentum)
         else:  # cumulative average: the kernel uses 1 / num_batches_tracked (negative = that mode)
             momentum = -1.0 if num_batches_tracked is not None else 0.0
-        group_name, world_size = resolve_group(self.process_group)
+        group_name, world_size = self._sync_group()
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
             momentum, float(self.eps), group_name, world_size,
         )
+
+    def _sync_group(self) -> tuple[str, int]:
+        """(group name, size) this training forward normalises over; ("", 1) = this rank's batch alone.
+
+        The one place that decides whether a forward communicates; the backward follows its forward
+        (functions.py keeps the group and size the forward used).
+        """
+        if self.sync_until_step is not None and self.optimizer_step >= self.sync_until_step:
+            return "", 1
+        if self.sync_every > 1:
+            if self._forwards is None:  # first forward since construction or load: one host read
+                tracked = self.num_batches_tracked if self.track_running_stats else None
+                # forward() has already counted this forward in num_batches_tracked
+                self._forwards = int(tracked) - 1 if tracked is not None else 0
+            index, self._forwards = self._forwards, self._forwards + 1
+            if index % self.sync_every:
+                return "", 1
+        return resolve_group(self.process_group, self.group_size)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        self._forwards = None  # re-read from the loaded num_batches_tracked at the next training forward
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        modes = [f"{key}={getattr(self, key)}" for key, default in
+                 (("group_size", None), ("sync_every", 1), ("sync_until_step", None)) if getattr(self, key) != default]
+        return ", ".join([super().extra_repr(), *modes])
 
 
 class SyncBatchNorm1d(SyncBatchNorm):

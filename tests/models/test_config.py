@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from torchvision.models import get_model_weights
 
-from src.models import MODEL_NAMES, ModelConfig, NormConfig, build_model, model_task
+from src.models import MODELS, ModelConfig, NormConfig, build_model, model_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
@@ -16,7 +16,9 @@ NORM_FILES = sorted((CONF / "norm").glob("*.yaml"))
 # Forward passes only for the small networks; the big ones are built on the meta device and their
 # parameter counts compared with torchvision's published numbers (exact integers).
 SMALL = {"resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet50",
-         "deeplabv3_resnet18", "deeplabv3plus_resnet18"}
+         "deeplabv3_resnet18", "deeplabv3plus_resnet18", "timm", "torchvision"}
+# Architectures for the zoo names where a test builds them without a conf file.
+ZOO_ARCH = {"timm": "resnet18", "torchvision": "mobilenet_v3_small"}
 
 
 def load(schema: type, path: Path) -> object:
@@ -31,6 +33,7 @@ def test_required_options_exist() -> None:
                 "deeplabv3plus_resnet50"}
     assert required <= names
     assert {p.stem for p in NORM_FILES} == {"bn", "syncbn", "torch_syncbn", "gn", "frozen_bn"}
+    assert names == set(MODELS.names()) - {"resnet1202"}  # one file per registered name (1202: too big to ship)
 
 
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
@@ -42,7 +45,7 @@ def test_model_yaml_builds(path: Path) -> None:
     num_classes = 21 if task == "segmentation" else 10
     if cfg.name in SMALL:
         model = build_model(cfg, NormConfig(), num_classes).eval()
-        size = 32 if cfg.name.startswith("resnet") and int(cfg.name[6:]) in (20, 32, 44, 56, 110) else 48
+        size = 32 if cfg.name in ("resnet20", "resnet32", "resnet44", "resnet56", "resnet110") else 48
         with torch.no_grad():
             out = model(torch.randn(2, 3, size, size + 8))
         if task == "classification":
@@ -73,9 +76,12 @@ def test_norm_yaml_validates(path: Path) -> None:
 
 
 def test_every_model_name_has_a_task() -> None:
-    for name in MODEL_NAMES:
+    for name in MODELS.names():
         expected = "segmentation" if name.startswith("deeplab") else "classification"
-        assert model_task({"name": name}) == expected
+        arch = {"arch": ZOO_ARCH[name]} if name in ZOO_ARCH else {}
+        assert model_task({"name": name, **arch}) == expected
+    assert set(MODELS.names("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
+                                                 for d in (18, 34, 50, 101)}
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -89,6 +95,18 @@ def test_every_model_name_has_a_task() -> None:
     ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride=2 applies only to DeepLabV3\\+"),
     ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
     ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
+    ({"arch": "resnet50"}, "model.arch and model.kwargs apply only to model=timm / model=torchvision"),
+    ({"kwargs": {"drop_rate": 0.1}}, "model.arch and model.kwargs apply only to"),
+    ({"name": "timm"}, "model=timm needs model.arch=<architecture name>"),
+    ({"name": "timm", "arch": "resnet5O"}, "model.arch='resnet5O' is not a timm classification model; close names: "
+                                           "resnet50"),
+    ({"name": "torchvision", "arch": "mobilenet_v3"}, "model.arch='mobilenet_v3' is not a torchvision classification "
+                                                      "model; close names: .*mobilenet_v3_large"),
+    ({"name": "torchvision", "arch": "deeplabv3_resnet50"}, "is not a torchvision classification model"),
+    ({"name": "timm", "arch": "resnet18", "kwargs": {"pretrained": True}},
+     r"model.kwargs may not set \['pretrained'\]"),
+    ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
+    ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -109,10 +127,37 @@ def test_weights_and_backbone_weights_exclusive(tmp_path: Path) -> None:
     ({"eps": 0.0}, "norm.eps must be a positive number"),
     ({"momentum": 1.5}, r"norm.momentum must be in \[0, 1\] or null"),
     ({"num_groups": 0}, "norm.num_groups must be >= 1"),
+    ({"group_size": 2}, "norm.group_size applies only to norm=syncbn"),
+    ({"name": "torch_syncbn", "sync_every": 2}, "norm.sync_every applies only to norm=syncbn"),
+    ({"name": "gn", "sync_until_step": 10}, "norm.sync_until_step applies only to norm=syncbn"),
+    ({"name": "syncbn", "group_size": 0}, "norm.group_size must be >= 1 or null"),
+    ({"name": "syncbn", "sync_every": 0}, "norm.sync_every must be >= 1"),
+    ({"name": "syncbn", "sync_until_step": -1}, "norm.sync_until_step must be >= 0 or null"),
 ])
 def test_bad_norm_config(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        NormConfig(**overrides).validate()
+        NormConfig(**overrides).validate(device=None)
+
+
+def test_group_size_must_divide_the_world_size() -> None:
+    cfg = NormConfig(name="syncbn", group_size=3)
+    cfg.validate(device=None)  # world size unknown (e.g. evaluation): not checked
+    cfg.validate(device=None, world_size=6)
+    with pytest.raises(ValueError, match=r"norm.group_size=3 must divide the number of processes \(4\): use one of "
+                                         r"\[1, 2, 4\], or null for all ranks"):
+        cfg.validate(device=None, world_size=4)
+
+
+@pytest.mark.parametrize("key", ["eps", "momentum"])
+def test_zoo_models_keep_their_own_eps_and_momentum(key: str) -> None:
+    model = {"name": "torchvision", "arch": "mobilenet_v3_small"}
+    built = build_model(model, {"name": "syncbn"}, 4)
+    bns = [m for m in built.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert bns and all(m.eps == 1e-3 and m.momentum == 0.01 for m in bns)  # torchvision's MobileNetV3 values
+    with pytest.raises(ValueError, match=f"norm.{key}=0.5 does not apply to model=torchvision: its BatchNorm layers "
+                                         "keep the eps and momentum their architecture defines"):
+        build_model(model, {"name": "syncbn", key: 0.5}, 4)
+    build_model(model, {"name": "gn", "num_groups": 8, "eps": 0.5}, 4)  # GroupNorm has no architecture eps
 
 
 def test_momentum_none_is_valid() -> None:
@@ -144,3 +189,30 @@ def test_accepts_dictconfig() -> None:
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
     with pytest.raises(ValueError, match="num_classes must be an int >= 1"):
         build_model(cfg, plain, 0)
+
+
+def test_one_registration_is_all_a_new_model_needs() -> None:
+    """docs/models.md "Add your own model": a decorated builder makes the name valid everywhere."""
+    from hydra import compose, initialize_config_dir
+
+    from src.config import validate_config
+    from src.models.norms import norm_layer_factory
+    from src.syncbn import SyncBatchNorm2d
+
+    @MODELS.register("my_test_net", task="classification")
+    def build_my_test_net(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> torch.nn.Module:
+        norm = norm_layer_factory(norm_cfg)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), norm(8), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, num_classes))
+
+    try:
+        assert model_task({"name": "my_test_net"}) == "classification"
+        model = build_model({"name": "my_test_net"}, {"name": "syncbn"}, 3)
+        assert type(model[1]) is SyncBatchNorm2d and model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            validate_config(compose("train", overrides=["model.name=my_test_net"]))
+            with pytest.raises(ValueError, match="model.name=my_test_net is a classification model but "
+                                                 "data.name=shapes_seg is a segmentation dataset"):
+                validate_config(compose("train", overrides=["model.name=my_test_net", "data=shapes_seg"]))
+    finally:
+        MODELS._entries.pop("my_test_net")  # the registry is process-wide: leave it as it was

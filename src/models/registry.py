@@ -1,0 +1,14 @@
+"""MODELS: every value `model.name` can take, each registered by the module that builds it.
+
+A builder is `builder(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module`: it
+returns the network with norm_cfg's kind of norm layer in every norm position (the synchronised kinds,
+syncbn and torch_syncbn, are built as nn.BatchNorm2d and converted afterwards by build_model). The
+entry's task ("classification" | "segmentation") decides the loss, the metrics and which datasets fit.
+Optional entry info: `family` (names a group of models for option checks), `arch=True` (the model is
+chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad options).
+"""
+from __future__ import annotations
+
+from src.registry import Registry
+
+MODELS = Registry("model.name")

@@ -1,0 +1,115 @@
+"""Any timm or torchvision classifier by name: `model=timm model.arch=NAME`, `model=torchvision model.arch=NAME`.
+
+Both are built with the architecture's own BatchNorm layers and then given the configured norm
+(`adopt_norm`, then build_model's `finalize_norms`), rather than by passing a `norm_layer`: many
+architectures take none (densenet, timm's EfficientNets build BatchNormAct2d), and those that do set
+their own eps and momentum (torchvision's MobileNetV3: 1e-3 / 0.01), which their weights files assume.
+Nothing is ever downloaded (pretrained=False / weights=None): weights come from model.weights files.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from torch import nn
+
+from src.models.config import ModelConfig, NormConfig
+from src.models.norms import adopt_norm
+from src.models.registry import MODELS
+
+# Options the config owns: num_classes comes from the data, weights from local files.
+_RESERVED_KWARGS = ("num_classes", "pretrained", "weights", "pretrained_cfg_overlay")
+# torchvision builders whose defaults do not fit a trainer: GoogLeNet / Inception-v3 return (logits, aux)
+# tuples in training with aux_logits=True, and warn unless init_weights is given when weights=None.
+_TORCHVISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "googlenet": {"aux_logits": False, "init_weights": True},
+    "inception_v3": {"aux_logits": False, "init_weights": True},
+}
+
+
+def _import_timm() -> Any:
+    try:
+        import timm
+    except ImportError as err:
+        raise ImportError(f"model=timm needs the timm package, which cannot be imported ({err}); install it: "
+                          "pip install 'timm>=1.0,<2' (it is in requirements.txt)") from err
+    return timm
+
+
+def _check_kwargs(cfg: ModelConfig) -> None:
+    reserved = sorted(set(cfg.kwargs) & set(_RESERVED_KWARGS))
+    if reserved:
+        raise ValueError(f"model.kwargs may not set {reserved}: the number of classes comes from the data and "
+                         "weights from a local file (model.weights / model.backbone_weights; nothing is downloaded)")
+
+
+def _unknown_arch(cfg: ModelConfig, known: list[str], how: str) -> ValueError:
+    close = difflib.get_close_matches(cfg.arch or "", known, n=5, cutoff=0.6)
+    hint = f"; close names: {', '.join(close)}" if close else ""
+    return ValueError(f"model.arch={cfg.arch!r} is not a {cfg.name} classification model{hint} ({how} lists them)")
+
+
+def check_timm(cfg: ModelConfig) -> None:
+    """model.arch is a timm model and model.kwargs leaves num_classes and weights alone."""
+    timm = _import_timm()
+    _check_kwargs(cfg)
+    if not timm.is_model(cfg.arch):
+        raise _unknown_arch(cfg, timm.list_models(), "timm.list_models()")
+
+
+def check_torchvision(cfg: ModelConfig) -> None:
+    """model.arch is a torchvision classification model and model.kwargs leaves num_classes and weights alone."""
+    from torchvision import models
+
+    _check_kwargs(cfg)
+    known = models.list_models(module=models)  # classification models only
+    if cfg.arch not in known:
+        raise _unknown_arch(cfg, known, "torchvision.models.list_models(module=torchvision.models)")
+
+
+def classifier_module_names(model: nn.Module, num_classes: int) -> tuple[str, ...]:
+    """The module that produces the logits: the last nn.Linear with num_classes outputs (else the last such
+    1x1-style nn.Conv2d, as in SqueezeNet)."""
+    for kind, width in ((nn.Linear, "out_features"), (nn.Conv2d, "out_channels")):
+        names = [name for name, m in model.named_modules() if isinstance(m, kind) and getattr(m, width) == num_classes]
+        if names:
+            return (names[-1],)
+    raise ValueError(f"cannot find the classifier of {type(model).__name__}: no nn.Linear or nn.Conv2d with "
+                     f"{num_classes} outputs")
+
+
+@MODELS.register("timm", task="classification", family="timm", arch=True, check=check_timm)
+def build_timm(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
+    """timm.create_model(model.arch, pretrained=False, num_classes=..., **model.kwargs) with the configured norm."""
+    timm = _import_timm()
+    kwargs = dict(cfg.kwargs)
+    if cfg.zero_init_residual:
+        kwargs.setdefault("zero_init_last", True)  # timm's name for it (ResNets, RegNets, ...)
+    try:
+        model = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
+    except TypeError as err:
+        extra = " (model.zero_init_residual=true becomes zero_init_last=True)" if cfg.zero_init_residual else ""
+        raise ValueError(f"model=timm model.arch={cfg.arch}: timm.create_model rejected the options "
+                         f"{sorted(kwargs)}{extra}: {err}") from err
+    heads = model.pretrained_cfg.get("classifier") if hasattr(model, "pretrained_cfg") else None
+    names = (heads,) if isinstance(heads, str) else tuple(heads or ())
+    model.head_module_names = (names if names and all(n in dict(model.named_modules()) for n in names)
+                               else classifier_module_names(model, num_classes))
+    return adopt_norm(model, norm_cfg)
+
+
+@MODELS.register("torchvision", task="classification", family="torchvision", arch=True, check=check_torchvision)
+def build_torchvision(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
+    """torchvision.models.get_model(model.arch, weights=None, num_classes=..., **model.kwargs), configured norm."""
+    from torchvision import models
+
+    kwargs = {**_TORCHVISION_DEFAULTS.get(cfg.arch, {}), **cfg.kwargs}
+    if cfg.zero_init_residual:
+        kwargs["zero_init_residual"] = True
+    model = models.get_model(cfg.arch, weights=None, num_classes=num_classes, **kwargs)
+    # Some builders swallow unknown keyword arguments: only the ResNet family has this option.
+    if cfg.zero_init_residual and not isinstance(model, models.ResNet):
+        raise ValueError(f"model.zero_init_residual=true: torchvision's {cfg.arch} has no such option (only its "
+                         "ResNet / ResNeXt / Wide ResNet models); set model.zero_init_residual=false")
+    model.head_module_names = classifier_module_names(model, num_classes)
+    return adopt_norm(model, norm_cfg)

@@ -1,0 +1,63 @@
+"""Groups of consecutive ranks for `group_size`: created once, collectively, then looked up by the layers.
+
+PyTorch's rule for subgroups is that every rank calls `new_group` for every group, in the same order,
+even for groups it is not in. That is a collective, so it cannot happen lazily inside a layer's forward
+(an eval-only or rank-0-only forward would deadlock the others), nor at model-build time (the model may
+be built before `init_process_group`). So: `create_rank_groups(k)` is called by every rank once after
+`init_process_group` (the trainer does it for `norm.group_size`), and layers with `group_size=k` look
+their group up here at forward time. Layers hold only the integer, not the ProcessGroup object, so a
+model stays deep-copyable (EMA) and picklable.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+# group_size -> (the WORLD group it was created in, this rank's group). Keyed on WORLD so a process that
+# tears its process group down and starts a new one never gets a group of the old one.
+_GROUPS: dict[int, tuple[Any, Any]] = {}
+
+
+def check_group_size(group_size: int, world_size: int) -> None:
+    """ValueError unless group_size is a positive divisor of world_size."""
+    if not isinstance(group_size, int) or group_size < 1 or world_size % group_size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(f"group_size={group_size!r} must divide the world size {world_size} into groups of "
+                         f"consecutive ranks; use one of {divisors} (or None for the whole world)")
+
+
+def create_rank_groups(group_size: int, timeout_s: Optional[float] = None) -> Any:
+    """Create the groups {0..k-1}, {k..2k-1}, ... of WORLD (a collective: every rank calls it); this rank's group.
+
+    Idempotent per process group: a second call with the same size returns the same group. group_size equal
+    to the world size returns WORLD itself (no new group); timeout_s defaults to torch's for new groups.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("create_rank_groups needs an initialised default process group: call it after "
+                           "init_process_group, on every rank")
+    world = dist.group.WORLD
+    check_group_size(group_size, dist.get_world_size())
+    cached = _GROUPS.get(group_size)
+    if cached is not None and cached[0] is world:
+        return cached[1]
+    if group_size == dist.get_world_size():
+        group = world
+    else:
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
+        group, _ = dist.new_subgroups(group_size=group_size, timeout=timeout)
+    _GROUPS[group_size] = (world, group)
+    return group
+
+
+def rank_group(group_size: int) -> Any:
+    """This rank's group of `group_size` consecutive ranks, created earlier by `create_rank_groups`."""
+    cached = _GROUPS.get(group_size)
+    if cached is None or cached[0] is not dist.group.WORLD:
+        raise RuntimeError(
+            f"a SyncBatchNorm layer has group_size={group_size}, but its groups were not created in this "
+            f"process group: call src.syncbn.create_rank_groups({group_size}) on every rank right after "
+            "init_process_group (the trainer does this for norm.group_size)"
+        )
+    return cached[1]
