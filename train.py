@@ -1,17 +1,10 @@
 """Train a model: `python train.py [overrides]` (one process) or `torchrun --nproc_per_node=W train.py`."""
-import os
-import sys
-
 import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import src.config  # noqa: F401  (registers the structured-config schema used by conf/train.yaml)
 from src.engine.train import run
-
-# Hydra runs in every torchrun process; only rank 0 may write .hydra/ into the shared run dir.
-if os.environ.get("RANK", "0") != "0":
-    sys.argv.append("hydra.output_subdir=null")
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)

@@ -7,6 +7,7 @@ every rank with a message that names the key instead of hanging a job.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -14,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from src.data import dataset_task
 from src.data.config import DataConfig
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 
@@ -22,7 +24,6 @@ SCHEDULES = ("cosine", "step", "poly")
 AMP_MODES = ("none", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 BUFFER_SYNC = ("reduce", "broadcast", "none")
-SEGMENTATION_DATA = ("shapes_seg", "voc", "cityscapes")
 METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
 
 
@@ -164,6 +165,10 @@ class TrainConfig:
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+# `${on_rank_zero:VALUE}`: VALUE in the process of global rank 0 (or without torchrun), else null. Hydra runs
+# in every torchrun process; conf/train.yaml uses this so that only rank 0 writes .hydra/ into the run dir.
+OmegaConf.register_new_resolver("on_rank_zero", lambda value: value if os.environ.get("RANK", "0") == "0" else None,
+                                replace=True)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> DictConfig:
@@ -211,7 +216,7 @@ def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
 
 def _check_across_groups(cfg: TrainConfig) -> None:
     task = task_of(cfg)
-    data_task = "segmentation" if cfg.data.name in SEGMENTATION_DATA else "classification"
+    data_task = dataset_task(cfg.data.name)
     if task != data_task:
         raise ValueError(
             f"model.name={cfg.model.name} is a {task} model but data.name={cfg.data.name} is a "

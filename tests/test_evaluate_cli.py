@@ -23,7 +23,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from src.engine.evaluate_run import overrides_of, run, select_weights
+from src.engine.evaluate_run import overrides_of, run
+from src.engine.state import model_weights
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -161,10 +162,9 @@ def test_command_line_overrides_reach_the_training_config() -> None:
 
 
 def test_ema_requested_without_ema_weights_is_an_error() -> None:
-    with pytest.raises(ValueError, match="holds no EMA weights"):
-        select_weights({"model": {}, "ema": None}, True, Path("x.pt"))
-    state, name = select_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, Path("x.pt"))
-    assert state == {"w": 1} and name == "ema"
+    with pytest.raises(ValueError, match="x.pt holds no EMA weights"):
+        model_weights({"model": {}, "ema": None}, True, "x.pt")
+    assert model_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, "x.pt") == {"w": 1}
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")

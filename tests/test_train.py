@@ -32,15 +32,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=nproc train.py overrides` (plain `python train.py` for 0)."""
+def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S, script: str = "train.py",
+           cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=nproc script overrides` (plain `python script` for 0), in `cwd`."""
+    script_path = str(REPO / script)
     if nproc == 0:
-        argv = [sys.executable, "train.py", *overrides]
+        argv = [sys.executable, script_path, *overrides]
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "train.py", *overrides]
+                script_path, *overrides]
     # Own session, so a timeout kills exactly this job's processes (agent and workers).
-    proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -102,6 +104,46 @@ def test_two_process_syncbn_run_with_accumulation_checkpoints_and_resume(tmp_pat
     val = rows(run_dir, "val")
     assert [(r["epoch"], r["step"]) for r in val] == [(0, 12), (1, 24), (2, 36)]
     assert [r["step"] for r in rows(run_dir, "train")][-6:] == list(range(26, 37, 2))
+
+
+def test_best_checkpoints_hold_only_evaluated_weights_with_their_metrics(tmp_path: Path) -> None:
+    """eval_every=2, keep_best=2 over 4 epochs: best files only at the evaluated steps, each with the metrics of
+    that evaluation (unevaluated epochs once saved the previous evaluation's metrics under a later step)."""
+    run_dir = tmp_path / "run"
+    job = [*TINY, "norm=bn", "data.train_size=64", "data.batch_size=16", "trainer.epochs=4", "trainer.eval_every=2",
+           "trainer.keep_best=2", "trainer.tensorboard=false", f"hydra.run.dir={run_dir}"]
+    result = launch(0, job)
+    assert result.returncode == 0, result.stdout[-4000:]
+    val = {r["step"]: r for r in rows(run_dir, "val")}
+    assert sorted(val) == [8, 16]  # 4 steps per epoch; epochs 1 and 3 (0-based) end evaluated
+    best = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("best"))
+    assert [load_checkpoint(p)["step"] for p in best] == [8, 16]
+    for path in best:
+        ckpt = load_checkpoint(path)
+        logged = val[ckpt["step"]]
+        assert set(ckpt["metrics"]) == {"loss", "top1", "top5"}
+        assert all(ckpt["metrics"][k] == logged[k] for k in ckpt["metrics"])
+        assert f"top1{logged['top1']:.4f}" in path.name
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert last["step"] == 16 and last["metrics"]["top1"] == val[16]["top1"]
+    ranked = sorted(([val[s]["top1"], p.name] for s, p in zip((8, 16), best)), key=lambda b: -b[0])
+    assert last["best"] == ranked
+
+
+def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_resume(tmp_path: Path) -> None:
+    """resume=auto without hydra.run.dir gets a new timestamped dir, which never holds a checkpoint: the run
+    says so loudly and names the newest earlier run with a checkpoint, instead of silently starting over."""
+    earlier = tmp_path / "outputs" / "2020-01-01_00-00-00"
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.pt").touch()  # only its existence matters: nothing is loaded
+    job = [*TINY, "norm=bn", "data.train_size=64", "data.batch_size=16", "trainer.max_steps=1",
+           "trainer.tensorboard=false", "trainer.resume=auto"]
+    result = launch(0, job, cwd=tmp_path)  # default run dir: outputs/<date_time> under tmp_path
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "WARNING" in result.stdout and "STARTS FROM SCRATCH" in result.stdout
+    assert "hydra.run.dir=<that run dir> trainer.resume=auto" in result.stdout
+    assert f"resume it with hydra.run.dir={earlier} trainer.resume=auto" in result.stdout
+    assert len(list((tmp_path / "outputs").iterdir())) == 2  # the new run went to its own dir
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from src.data.classification import build_classification
-from src.data.config import CLASSIFICATION_DATASETS, DataConfig, coerce
+from src.data.config import CLASSIFICATION_DATASETS, DataConfig, coerce, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.seg_transforms import IGNORE_INDEX, segmentation_eval_transform, segmentation_train_transform
@@ -25,7 +25,7 @@ from src.data.transforms import classification_eval_transform, classification_tr
 
 __all__ = [
     "DataBundle", "DataConfig", "ExactEvalSampler", "TrainBatchSampler", "build_datasets", "build_eval_loader",
-    "build_train_loader", "set_loader_epoch",
+    "build_train_loader", "dataset_task", "set_loader_epoch",
 ]
 
 

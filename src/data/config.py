@@ -6,10 +6,18 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.shapes import MAX_CLASSES
+from src.dataclass_config import to_dataclass
 
 CLASSIFICATION_DATASETS = ("shapes", "cifar10", "cifar100", "imagefolder")
 SEGMENTATION_DATASETS = ("shapes_seg", "voc", "cityscapes")
 DATASETS = CLASSIFICATION_DATASETS + SEGMENTATION_DATASETS
+
+
+def dataset_task(name: str) -> str:
+    """"classification" or "segmentation": the task of dataset `name` (ValueError for an unknown name)."""
+    if name not in DATASETS:
+        raise ValueError(f"data.name must be one of {', '.join(DATASETS)}, got {name!r}")
+    return "segmentation" if name in SEGMENTATION_DATASETS else "classification"
 
 # Datasets whose class count is fixed by the dataset itself.
 FIXED_NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "voc": 21, "cityscapes": 19}
@@ -138,17 +146,4 @@ def _at_least(key: str, value: int, low: int) -> None:
 
 def coerce(cfg: Any) -> DataConfig:
     """A DataConfig from a DataConfig, an OmegaConf node or a mapping (extra keys are an error)."""
-    if isinstance(cfg, DataConfig):
-        return cfg
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # omegaconf is a dependency, but the data code does not need it
-        pass
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"unknown data config key(s): {', '.join('data.' + k for k in unknown)}")
-    return DataConfig(**dict(cfg))
+    return to_dataclass(cfg, DataConfig, "data")

@@ -10,9 +10,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast(mode: str, device: torch.device) -> ContextManager:
-    """torch.autocast for bf16/fp16; a no-op for "none"."""
+    """torch.autocast for bf16/fp16 on `device`; a no-op for "none"."""
     if mode == "none":
         return contextlib.nullcontext()
+    if mode not in DTYPES:
+        raise ValueError(f"amp must be one of none|{'|'.join(DTYPES)}, got {mode!r}")
     return torch.autocast(device_type=device.type, dtype=DTYPES[mode])
 
 

@@ -1,20 +1,19 @@
 """Checkpoint files: atomic writes, `last.pt` plus best-k, loading with weights_only=True.
 
-A checkpoint is a plain dict (see PLAN.md): model (state_dict of the unwrapped model), optimizer,
-scheduler, scaler, ema, epoch, step, sampler, rng, config, metrics, best. Everything in it is a
-tensor, a number, a string, None, or a list/tuple/dict of those, so `torch.load(weights_only=True)`
-accepts it: no pickled Python objects, no arbitrary code on load.
+What a checkpoint holds is defined by src/engine/state.py (TrainState.state_dict); this module only
+moves such dicts to and from disk. Loading uses `torch.load(weights_only=True)`: tensors, numbers,
+strings and plain containers only, so no pickled code runs.
 """
 from __future__ import annotations
 
 import io
 import logging
 import os
-import random
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -72,76 +71,67 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by this module (weights_only=True: tensors and plain containers only)."""
+    """Load a checkpoint file (weights_only=True); a missing, truncated or foreign file is an error naming it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass an existing file (e.g. <run dir>/checkpoints/last.pt)")
-    return torch.load(path, map_location=map_location, weights_only=True)
+        raise FileNotFoundError(f"checkpoint {path} does not exist; pass an existing file "
+                                "(e.g. <run dir>/checkpoints/last.pt)")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as err:
+        # torch's own text for an UnpicklingError suggests weights_only=False, which is wrong advice here.
+        why = "" if isinstance(err, pickle.UnpicklingError) else f" ({str(err).splitlines()[0][:200]})"
+        raise ValueError(f"checkpoint {path} cannot be read ({path.stat().st_size} bytes): it is truncated, "
+                         f"corrupt, or not a file this trainer wrote{why}. Use another checkpoint, e.g. a "
+                         "best_*.pt of the same run") from None
 
 
 class CheckpointSaver:
-    """Keeps `last.pt` and the best-k checkpoints of one run by a metric (higher or lower is better)."""
+    """Writes one run's `last.pt` and its best-k files, ranked by a metric (higher or lower is better)."""
 
-    def __init__(self, run_dir: Path, metric: str, keep_best: int, best: list[list] | None = None) -> None:
+    def __init__(self, run_dir: Path, metric: str, keep_best: int) -> None:
         self.dir = checkpoint_dir(run_dir)
         self.metric = metric
         self.keep_best = keep_best
         self.higher_is_better = metric != "loss"
-        # [[value, file name], ...], best first; stored in every checkpoint so resume keeps it.
-        self.best: list[list] = [list(b) for b in (best or [])]
+
+    def rank(self, best: list[list], step: int, metrics: dict[str, float]) -> tuple[list[list], str | None, list[str]]:
+        """Best-k bookkeeping for an evaluation at `step`: (new best list, new file name or None, dropped names).
+
+        Pure (no files touched), so every rank can keep the same list; only rank 0 writes.
+        """
+        value = metrics.get(self.metric)
+        if value is None or self.keep_best <= 0 or not self._is_top_k(best, value):
+            return [list(b) for b in best], None, []
+        name = f"best_step{step:07d}_{self.metric}{value:.4f}.pt"
+        ranked = sorted([*map(list, best), [float(value), name]], key=lambda b: b[0], reverse=self.higher_is_better)
+        return ranked[: self.keep_best], name, [old for _, old in ranked[self.keep_best:]]
+
+    def write(self, state: dict[str, Any], best_name: str | None = None, dropped: tuple[str, ...] | list[str] = ()
+              ) -> Path:
+        """Write `last.pt` (and `best_name` with the same bytes), then delete the dropped best files."""
+        data = serialize(state)
+        if best_name is not None:
+            atomic_write_bytes(data, self.dir / best_name)
+            log.info("new best %s: %s", self.metric, self.dir / best_name)
+        for old in dropped:
+            (self.dir / old).unlink(missing_ok=True)
+        path = self.dir / LAST_NAME
+        atomic_write_bytes(data, path)
+        return path
 
     def save_last(self, state: dict[str, Any]) -> Path:
         """Write `last.pt` (atomically)."""
-        path = self.dir / LAST_NAME
-        save_checkpoint({**state, "best": self.best}, path)
-        return path
+        return self.write(state)
 
     def save(self, state: dict[str, Any], metrics: dict[str, float] | None) -> Path:
-        """Write `last.pt`, and a best-k file when `metrics` ranks among the k best (older ones deleted)."""
-        data = None
-        value = None if metrics is None else metrics.get(self.metric)
-        if value is not None and self.keep_best > 0 and self._is_top_k(value):
-            name = f"best_step{state['step']:07d}_{self.metric}{value:.4f}.pt"
-            self.best.append([float(value), name])
-            self.best.sort(key=lambda b: b[0], reverse=self.higher_is_better)
-            dropped, self.best = self.best[self.keep_best:], self.best[: self.keep_best]
-            data = serialize({**state, "best": self.best})
-            atomic_write_bytes(data, self.dir / name)
-            for _, old in dropped:
-                (self.dir / old).unlink(missing_ok=True)
-            log.info("new best %s=%.4f: %s", self.metric, value, self.dir / name)
-        path = self.dir / LAST_NAME
-        atomic_write_bytes(data if data is not None else serialize({**state, "best": self.best}), path)
-        return path
+        """Write `last.pt`, and a best-k file when `metrics` rank among the k best (`state["best"]` updated)."""
+        best, name, dropped = self.rank(state.get("best", []), int(state["step"]), metrics or {})
+        state["best"] = best
+        return self.write(state, name, dropped)
 
-    def _is_top_k(self, value: float) -> bool:
-        if len(self.best) < self.keep_best:
+    def _is_top_k(self, best: list[list], value: float) -> bool:
+        if len(best) < self.keep_best:
             return True
-        worst = self.best[-1][0]
+        worst = best[-1][0]
         return value > worst if self.higher_is_better else value < worst
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG states (python, numpy, torch CPU, CUDA) as weights_only-loadable values."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),  # (int, tuple of ints, float | None)
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of capture_rng_state."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = state["numpy"]
-    np.random.set_state((np_state["name"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-

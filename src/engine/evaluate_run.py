@@ -1,7 +1,7 @@
 """`evaluate.py ckpt=PATH`: evaluate a checkpoint with the config stored in it, alone or under torchrun.
 
-Steps: load the checkpoint (weights_only=True), take its resolved training config, apply the command
-line's overrides (the non-null keys of the `data`, `model`, `norm`, `trainer` and `device` sections of
+Steps: read the checkpoint through src/engine/state.py (the format's owner; weights_only=True), take its
+resolved training config, apply the command line's overrides (the non-null keys of the `data`, `model`, `norm`, `trainer` and `device` sections of
 conf/evaluate.yaml), validate it like train.py does, start the process group if torchrun launched us,
 rebuild data and model, load the weights (EMA weights with ema=true), evaluate exactly, print a table
 and write JSON on rank 0.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from src import dist
+from src.config import task_of, validate_config
+from src.data import build_datasets, build_eval_loader
 from src.engine.evaluator import evaluate
+from src.engine.seeding import configure_threads
+from src.engine.state import load_model_weights, model_weights, read_checkpoint, stored_config
+from src.models import build_model
 
 # Keys of conf/evaluate.yaml that belong to evaluate.py itself; every other section overrides the
 # training config stored in the checkpoint.
@@ -27,25 +31,19 @@ OWN_KEYS = ("ckpt", "out", "export", "ema", "hydra")
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Evaluate cfg.ckpt; returns the metrics (the same on every rank)."""
-    from src.config import task_of, validate_config
-    from src.engine.checkpoint import load_checkpoint
-
     ckpt_path = checkpoint_path(cfg)
-    ckpt = load_checkpoint(ckpt_path, map_location="cpu")
-    if not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
-        raise ValueError(f"{ckpt_path} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
-                         "pass a file from <run dir>/checkpoints/")
-    train_cfg = validate_config(training_config(ckpt["config"], cfg))
-    weights, weights_name = select_weights(ckpt, bool(cfg.ema), ckpt_path)
+    ckpt = read_checkpoint(ckpt_path)
+    train_cfg = validate_config(training_config(stored_config(ckpt), cfg))
+    weights = model_weights(ckpt, bool(cfg.ema), str(ckpt_path))
+    weights_name = "ema" if cfg.ema else "model"
 
     device = dist.select_device(train_cfg.device)
     owns_group = not dist.is_initialized()
     dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
     try:
-        # As in training: 0 means this node's cores shared among its processes (no oversubscription).
-        threads = train_cfg.trainer.num_threads or max(1, (os.cpu_count() or 1) // dist.get_local_world_size())
-        torch.set_num_threads(threads)
-        metrics = _evaluate(train_cfg, task_of(train_cfg), weights, device, cfg.export)
+        if device.type == "cpu":  # as in training: this process's share of the node's cores
+            configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())
+        metrics = _evaluate(train_cfg, task_of(train_cfg), weights, ckpt, str(ckpt_path), device, cfg.export)
         if dist.is_main_process():
             record = {"split": "val", "epoch": trained_epoch(ckpt), "step": ckpt.get("step"), **metrics,
                       "checkpoint": str(ckpt_path), "weights": weights_name,
@@ -111,27 +109,12 @@ def overrides_of(cfg: DictConfig) -> dict[str, Any]:
     return prune({k: v for k, v in plain.items() if k not in OWN_KEYS})
 
 
-def select_weights(ckpt: dict[str, Any], ema: bool, path: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The model state_dict to evaluate: the trained weights, or their EMA with ema=true."""
-    if not ema:
-        return ckpt["model"], "model"
-    state = ckpt.get("ema")
-    if not state:
-        raise ValueError(f"ema=true but {path} holds no EMA weights (it was trained with trainer.ema=false); "
-                         "drop ema=true to evaluate the trained weights")
-    # torch.optim.swa_utils.AveragedModel keys its copy as "module.<name>" and adds "n_averaged".
-    return {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}, "ema"
-
-
-def _evaluate(train_cfg: DictConfig, task: str, weights: dict[str, torch.Tensor], device: torch.device,
-              export: Any) -> dict[str, float]:
-    from src.data import build_datasets, build_eval_loader
-    from src.models import build_model
-
+def _evaluate(train_cfg: DictConfig, task: str, weights: dict[str, torch.Tensor], ckpt: dict[str, Any],
+              source: str, device: torch.device, export: Any) -> dict[str, float]:
     bundle = build_datasets(train_cfg.data, seed=train_cfg.seed)  # downloads once per node (zero_first inside)
     loader = build_eval_loader(bundle.val, train_cfg.data, dist.get_rank(), dist.get_world_size())
     model = build_model(train_cfg.model, train_cfg.norm, bundle.num_classes)
-    model.load_state_dict(weights, strict=True)
+    load_model_weights(model, weights, ckpt["config"], OmegaConf.to_container(train_cfg, resolve=True), source)
     model.to(device)
     if train_cfg.trainer.channels_last:
         model.to(memory_format=torch.channels_last)

@@ -22,31 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from src import dist
+from src.engine.amp import autocast
 from src.engine.exports import export_classification, export_segmentation
 from src.engine.metrics import ConfusionMatrix, topk_correct
+from src.unwrap import unwrap_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside DistributedDataParallel (or DataParallel), else the model itself.
-
-    Evaluation must not go through DDP: ranks run different numbers of batches, and DDP's forward may
-    synchronise buffers.
-    """
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
-    return model
-
-
-def autocast_context(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
-    """torch.autocast for amp="bf16"|"fp16" on `device`, a no-op context for amp="none"."""
-    if amp == "none":
-        return contextlib.nullcontext()
-    if amp not in _AMP_DTYPES:
-        raise ValueError(f"amp must be one of none|bf16|fp16, got {amp!r}")
-    return torch.autocast(device_type=device.type, dtype=_AMP_DTYPES[amp])
 
 
 @contextlib.contextmanager
@@ -86,6 +67,7 @@ def evaluate(
     if task not in ("classification", "segmentation"):
         raise ValueError(f"task must be 'classification' or 'segmentation', got {task!r}")
     device = torch.device(device)
+    # Not through DDP: ranks run different numbers of batches, and DDP's forward may synchronise buffers.
     net = unwrap_model(model)
     with eval_mode(net), torch.inference_mode():
         if task == "classification":
@@ -118,7 +100,7 @@ def _evaluate_classification(
 ) -> dict[str, float]:
     rows = []  # per batch: [n, 5] float64 = index, loss, prediction, top-1 hit, top-5 hit
     for images, targets, indices in _batches(loader, device):
-        with autocast_context(device, amp):
+        with autocast(amp, device):
             logits = net(images)
         logits = logits.float()
         if logits.dim() != 2 or logits.shape[1] != num_classes:
@@ -167,7 +149,7 @@ def _evaluate_segmentation(
     loss_rows = []  # per image: index, loss summed over valid pixels, number of valid pixels
     masks: list[tuple[int, torch.Tensor]] = []  # (index, uint8 prediction) kept only when exporting
     for images, targets, indices in _batches(loader, device):
-        with autocast_context(device, amp):
+        with autocast(amp, device):
             logits = _segmentation_logits(net(images))
         logits, targets = logits.float(), targets.long()  # masks may arrive as uint8
         if logits.shape[-2:] != targets.shape[-2:]:

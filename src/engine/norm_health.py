@@ -9,24 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections import Counter
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from src import dist
+from src.models import count_norm_layers
+from src.models.norms import per_rank_statistics
 
 log = logging.getLogger(__name__)
-
-
-def count_norm_layers(model: nn.Module) -> dict[str, int]:
-    """Number of normalisation layers by class name (BatchNorm2d, SyncBatchNorm2d, GroupNorm, ...)."""
-    counts: Counter[str] = Counter()
-    for module in model.modules():
-        if isinstance(module, (_BatchNorm, nn.GroupNorm, nn.LayerNorm)) or "Norm" in type(module).__name__:
-            counts[type(module).__name__] += 1
-    return dict(sorted(counts.items()))
 
 
 def tensor_digests(model: nn.Module) -> dict[str, str]:
@@ -44,6 +37,15 @@ def mismatched_tensors(model: nn.Module) -> list[str]:
     per_rank = dist.all_gather_object(tensor_digests(model))
     reference = per_rank[0]
     return sorted({name for digests in per_rank[1:] for name, d in digests.items() if reference.get(name) != d})
+
+
+def buffer_sync_mode(cfg: Any) -> str:
+    """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
+    when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
+    src.models.norms.per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
+    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
+        return cfg.trainer.norm_buffer_sync
+    return "none"
 
 
 def sync_bn_buffers(model: nn.Module, mode: str) -> int:
@@ -69,7 +71,7 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
 
 def check_norm_health(model: nn.Module, when: str, strict: bool) -> list[str]:
     """Log the norm layers and whether every rank holds the same tensors; raise on a mismatch if `strict`."""
-    counts = count_norm_layers(model)
+    counts = dict(sorted(count_norm_layers(model).items()))
     bad = mismatched_tensors(model)
     summary = ", ".join(f"{n} x{c}" for n, c in counts.items()) or "no norm layers"
     if not bad:

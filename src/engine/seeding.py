@@ -1,9 +1,10 @@
-"""Seeds, determinism switches and CPU thread counts for one training process."""
+"""Seeds, RNG state capture, determinism switches and CPU thread counts for one training process."""
 from __future__ import annotations
 
 import logging
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,3 +39,27 @@ def configure_threads(requested: int, local_world_size: int) -> int:
     threads = requested if requested > 0 else max(1, cores // max(local_world_size, 1))
     torch.set_num_threads(threads)
     return threads
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU, CUDA) as weights_only-loadable values."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),  # (int, tuple of ints, float | None)
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of capture_rng_state."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state((np_state["name"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])

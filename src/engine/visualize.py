@@ -1,5 +1,5 @@
-"""Pictures for TensorBoard: image | ground truth | prediction panels (segmentation), sample grids
-(classification), and the colour palette shared with the PNG exports.
+"""Pictures for TensorBoard: image | ground truth | prediction panels (segmentation) and sample grids
+(classification), coloured with the palette of the PNG exports (src/engine/palette.py).
 
 The trainer calls these on rank 0 only. They never communicate: the model is unwrapped from DDP and run
 in eval mode (SyncBN in eval mode uses running statistics and does not talk to other ranks).
@@ -14,24 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.utils import make_grid
 
+from src.engine.amp import autocast
+from src.engine.evaluator import eval_mode
+from src.engine.palette import color_palette
+from src.unwrap import unwrap_model
+
 _IGNORE_COLOUR = (255, 255, 255)  # ignored pixels are drawn white in the ground-truth panel
-
-
-def color_palette() -> np.ndarray:
-    """Pascal VOC's 256-colour palette [256, 3] uint8 (class 0 black, 1 dark red, 2 dark green, ...).
-
-    Written out rather than read from a file: it is the bit-interleaving rule every VOC tool uses.
-    """
-    palette = np.zeros((256, 3), dtype=np.uint8)
-    for label in range(256):
-        c, r, g, b = label, 0, 0, 0
-        for shift in range(7, -1, -1):
-            r |= ((c >> 0) & 1) << shift
-            g |= ((c >> 1) & 1) << shift
-            b |= ((c >> 2) & 1) << shift
-            c >>= 3
-        palette[label] = (r, g, b)
-    return palette
 
 
 def colorize_mask(mask: torch.Tensor, ignore_index: int = 255) -> torch.Tensor:
@@ -91,15 +79,13 @@ def segmentation_panels(
 
     Rows keep their own height; narrower rows are padded (black) on the right to the widest.
     """
-    from src.engine.evaluator import autocast_context, eval_mode, unwrap_model  # avoid an import cycle
-
     device = torch.device(device)
     net = unwrap_model(model)
     rows = []
     with eval_mode(net):
         for index in indices:
             image, target = _sample(dataset, index)
-            with autocast_context(device, amp):
+            with autocast(amp, device):
                 out = net(image.unsqueeze(0).to(device))
             logits = (out["out"] if isinstance(out, dict) else out).float()
             if logits.shape[-2:] != target.shape[-2:]:

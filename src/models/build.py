@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, TypeVar, Union
 
 from torch import nn
 
+from src.dataclass_config import to_dataclass
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.models.norms import finalize_norms
 from src.models.param_groups import head_module_names
@@ -19,22 +19,7 @@ ConfigLike = Union[ModelConfig, NormConfig, Mapping[str, Any], Any]  # dataclass
 
 def as_config(cfg: ConfigLike, schema: type[T]) -> T:
     """The dataclass instance for a dataclass, a dict or a (structured or plain) OmegaConf DictConfig."""
-    if isinstance(cfg, schema):
-        return cfg
-    try:
-        from omegaconf import DictConfig, OmegaConf
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # omegaconf is a hard dependency of the app, but not of this module
-        pass
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"expected a {schema.__name__}, a dict or a DictConfig, got {type(cfg).__name__}")
-    known = {f.name for f in dataclasses.fields(schema)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        group = "model" if schema is ModelConfig else "norm"
-        raise ValueError(f"unknown {group} config key(s) {unknown}; known keys: {sorted(known)}")
-    return schema(**cfg)
+    return to_dataclass(cfg, schema, "model" if schema is ModelConfig else "norm")
 
 
 def model_task(model_cfg: ConfigLike) -> str:

@@ -7,13 +7,7 @@ from typing import Any, Optional
 from torch import nn
 
 from src.models.norms import NORM_TYPES
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DistributedDataParallel / DataParallel wrappers."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
-    return model
+from src.unwrap import unwrap_model
 
 
 def head_module_names(model: nn.Module) -> tuple[str, ...]:
@@ -32,7 +26,7 @@ def is_head_parameter(model: nn.Module, name: str) -> bool:
 
 def no_decay_parameter_names(model: nn.Module) -> set[str]:
     """Names of the parameters of normalisation layers and of every bias (the usual no-weight-decay set)."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     names = set()
     for module_name, module in model.named_modules():
         for param_name, _ in module.named_parameters(recurse=False):
@@ -52,7 +46,7 @@ def param_groups(model: nn.Module, head_lr_mult: float = 1.0, *, weight_decay: f
     """
     if head_lr_mult <= 0:
         raise ValueError(f"head_lr_mult must be > 0, got {head_lr_mult}")
-    model = _unwrap(model)
+    model = unwrap_model(model)
     no_decay = no_decay_parameter_names(model) if no_decay_norm_bias else set()
     buckets: dict[tuple[str, bool], list[nn.Parameter]] = {}
     for name, param in model.named_parameters():

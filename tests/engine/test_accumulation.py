@@ -10,12 +10,15 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from src.config import TrainerConfig
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
 from src.engine.amp import build_scaler
-from src.engine.loop import Progress, TrainParts, train_one_epoch
 from src.engine.losses import classification_loss
+from src.engine.state import TrainState
+from src.engine.trainer import Trainer
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+from tests.engine.fake_loader import ListLoader
 from tests.engine.gloo_ranks import run_ranks
 
 
@@ -36,20 +39,6 @@ def test_short_last_window_is_scaled_by_its_real_size() -> None:
     assert (last.window_size, last.loss_scale, last.is_last_in_window) == (1, 1.0, True)
 
 
-class _Batches:
-    """Micro-batches that behave like the train loader: len = the whole epoch, iteration from `start`
-    (as TrainBatchSampler.set_start does on resume)."""
-
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int = 0) -> None:
-        self.batches, self.start = batches, start
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches[self.start:])
-
-
 def _data(total: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(total, 3, 8, 8, generator=g), torch.randint(0, 4, (total,), generator=g)
@@ -61,12 +50,15 @@ def _model() -> nn.Module:
     return build_model(ModelConfig(name="resnet20"), NormConfig(name="gn", num_groups=4), num_classes=4)
 
 
-def _parts(model: nn.Module, accum: int, lr: float = 0.1) -> TrainParts:
+def _trainer(model: nn.Module, batches: list, accum: int, module: nn.Module | None = None,
+             lr: float = 0.1) -> Trainer:
+    """A one-epoch Trainer over `batches` (SGD with momentum, constant LR, no hooks)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    return TrainParts(model=model, loss_fn=classification_loss(), optimizer=opt, scheduler=sched,
-                      scaler=build_scaler("none", torch.device("cpu")), device=torch.device("cpu"),
-                      accum_steps=accum, log_every=10**9, show_progress=False)
+    state = TrainState(model, opt, sched, build_scaler("none", torch.device("cpu")))
+    settings = TrainerConfig(epochs=1, grad_accum_steps=accum, progress_bar=False)
+    return Trainer(state, module if module is not None else model, ListLoader(batches), classification_loss(),
+                   settings, torch.device("cpu"))
 
 
 def _count_allreduces(rank: int, world: int, accum: int, micro_batches: int) -> dict:
@@ -86,9 +78,9 @@ def _count_allreduces(rank: int, world: int, accum: int, micro_batches: int) -> 
     ddp.register_comm_hook(None, counting_hook)
     x, y = _data(micro_batches * 4 * world, seed=1)
     mine = [(x[i * 4 * world + rank * 4:][:4], y[i * 4 * world + rank * 4:][:4]) for i in range(micro_batches)]
-    state = Progress()
-    train_one_epoch(_parts(ddp, accum), _Batches(mine), state)
-    return {"rounds": rounds, "leftover": list(current), "steps": state.step,
+    trainer = _trainer(model, mine, accum, module=ddp)
+    trainer.train()
+    return {"rounds": rounds, "leftover": list(current), "steps": trainer.state.progress.step,
             "param_sum": float(sum(p.detach().double().sum() for p in model.parameters()))}
 
 
@@ -116,10 +108,8 @@ def test_accumulated_micro_batches_equal_one_big_batch() -> None:
     x, y = _data(48)
     big = _model()
     small = copy.deepcopy(big)
-    train_one_epoch(_parts(big, accum=1), _Batches([(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)]),
-                    Progress())
-    train_one_epoch(_parts(small, accum=4), _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 48, 4)]),
-                    Progress())
+    _trainer(big, [(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)], accum=1).train()
+    _trainer(small, [(x[i:i + 4], y[i:i + 4]) for i in range(0, 48, 4)], accum=4).train()
     moved = max((p - q).abs().max().item() for p, q in zip(big.parameters(), _model().parameters()))
     diff = max((p - q).abs().max().item() for p, q in zip(big.parameters(), small.parameters()))
     assert moved > 1e-2, "training did not move the parameters: the comparison would be vacuous"
@@ -130,17 +120,18 @@ def test_partial_window_averages_over_its_own_micro_batches() -> None:
     """An epoch of 5 micro-batches with K=4: the last step must equal a plain step on the 5th micro-batch."""
     torch.set_num_threads(1)
     x, y = _data(20)
+    batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 20, 4)]
     model = _model()
-    parts = _parts(model, accum=4)
-    train_one_epoch(parts, _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 16, 4)]), Progress())
     reference = copy.deepcopy(model)
-    ref_parts = _parts(reference, accum=1)
-    ref_parts.optimizer.load_state_dict(copy.deepcopy(parts.optimizer.state_dict()))  # own momentum buffers
-    full = _parts(model, accum=4)
-    full.optimizer = parts.optimizer
-    full.scheduler = parts.scheduler
-    state = Progress(micro_batch=4)  # resume at the 5th micro-batch: a window of size 1
-    train_one_epoch(full, _Batches([(x[i:i + 4], y[i:i + 4]) for i in range(0, 20, 4)], start=4), state)
-    train_one_epoch(ref_parts, _Batches([(x[16:20], y[16:20])]), Progress())
+    trained = _trainer(model, batches, accum=4)
+    trained.train()
+    assert trained.state.progress.step == 2  # a window of 4, then one of 1
+    first = _trainer(reference, batches[:4], accum=4)
+    first.train()
+    # The reference's second step: a one-micro-batch window on the 5th, with its own momentum buffers.
+    second = Trainer(first.state, reference, ListLoader(batches[4:]), classification_loss(),
+                     TrainerConfig(epochs=2, grad_accum_steps=1, progress_bar=False), torch.device("cpu"))
+    second.train()
+    assert second.state.progress.step == 2
     diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
     assert diff < 1e-6

@@ -18,6 +18,7 @@ from src.engine import checkpoint as ckpt_io
 from src.engine.amp import build_scaler
 from src.engine.ema import build_ema
 from src.engine.optim import build_optimizer, build_scheduler
+from src.engine.seeding import capture_rng_state, restore_rng_state
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 
@@ -69,7 +70,7 @@ def _training_state(norm: str = "bn") -> dict:
     ema.update_parameters(model)
     return {"model": model.state_dict(), "optimizer": optim.state_dict(), "scheduler": sched.state_dict(),
             "scaler": scaler.state_dict(), "ema": ema.state_dict(), "epoch": 1, "step": 7,
-            "sampler": {"epoch": 1, "micro_batch": 3}, "rng": [ckpt_io.capture_rng_state()],
+            "sampler": {"epoch": 1, "micro_batch": 3}, "rng": [capture_rng_state()],
             "config": {"trainer": {"epochs": 3}, "optim": {"betas": [0.9, 0.999]}}, "metrics": {"top1": 50.0}}
 
 
@@ -84,23 +85,31 @@ def test_full_training_state_loads_with_weights_only(tmp_path: Path) -> None:
 
 
 def test_rng_state_round_trip() -> None:
-    saved = ckpt_io.capture_rng_state()
+    saved = capture_rng_state()
     expected = (random.random(), float(np.random.rand()), torch.rand(3))
     random.random(), np.random.rand(), torch.rand(7)  # move every generator on
-    ckpt_io.restore_rng_state(saved)
+    restore_rng_state(saved)
     again = (random.random(), float(np.random.rand()), torch.rand(3))
     assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
 
 
 def test_best_k_keeps_the_k_best_and_last(tmp_path: Path) -> None:
     saver = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=2)
+    best: list = []
     for epoch, top1 in enumerate([10.0, 30.0, 20.0, 5.0, 40.0]):
-        saver.save({"epoch": epoch, "step": epoch * 10}, {"top1": top1})
+        state = {"epoch": epoch, "step": epoch * 10, "best": best}
+        saver.save(state, {"top1": top1})
+        best = state["best"]
     files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert "last.pt" in files
-    assert [v for v, _ in saver.best] == [40.0, 30.0]
-    assert sorted(f for f in files if f.startswith("best")) == sorted(name for _, name in saver.best)
-    assert ckpt_io.load_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == saver.best
+    assert [v for v, _ in best] == [40.0, 30.0]
+    assert sorted(f for f in files if f.startswith("best")) == sorted(name for _, name in best)
+    assert ckpt_io.load_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == best
+    # A loss ranks the other way round, and a save without metrics only rewrites last.pt.
+    low = ckpt_io.CheckpointSaver(tmp_path / "low", "loss", keep_best=1)
+    ranked, name, dropped = low.rank([[2.0, "a.pt"]], 7, {"loss": 1.5})
+    assert ranked == [[1.5, name]] and dropped == ["a.pt"] and name.startswith("best_step0000007_loss1.5000")
+    assert low.rank(ranked, 8, {}) == (ranked, None, [])
 
 
 def test_syncbn_checkpoint_loads_into_bn_and_back() -> None:

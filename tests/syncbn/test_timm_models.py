@@ -7,7 +7,6 @@ these models keep per-rank BatchNormAct2d layers and their outputs differ from t
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -1,0 +1,171 @@
+"""TrainState: everything a run is made of between two optimizer steps, and the checkpoint format.
+
+`TrainState.state_dict()` / `load_state_dict()` are the only definition of what a checkpoint holds;
+`read_checkpoint`, `stored_config` and `model_weights` are how evaluate.py (and anyone else) read one.
+
+Format (version FORMAT_VERSION; files without `format_version` are version 0, identical but for that key):
+
+    format_version  int
+    model           state_dict of the unwrapped model (loads into any norm: syncbn <-> bn)
+    optimizer, scheduler, scaler   their state_dicts (scaler: {} when fp16 is off)
+    ema             AveragedModel state_dict ("module.<name>" keys + "n_averaged"), or None
+    epoch, step     the epoch in progress (the next one at an epoch's end), optimizer steps done
+    sampler         {"epoch", "micro_batch"}: where the epoch's micro-batches resume
+    rng             one capture_rng_state() per rank, in rank order
+    world_size      processes of the run that wrote it
+    config          the resolved training config, a plain dict
+    metrics         the evaluation of exactly these weights ({} when they were not evaluated)
+    best            [[value, file name], ...]: the best-k checkpoints, best first
+
+Everything is a tensor, number, string, None or a container of those, so torch.load(weights_only=True)
+reads it: loading a checkpoint never runs pickled code.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from src import dist
+from src.engine.checkpoint import load_checkpoint
+from src.engine.seeding import capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+# Model keys that only say where initial weights came from: not part of what a checkpoint was trained as.
+_INIT_ONLY_KEYS = ("weights", "backbone_weights", "weights_strict")
+
+
+@dataclass
+class Progress:
+    """Where training stands: the epoch in progress, optimizer steps done, next micro-batch of the epoch."""
+
+    epoch: int = 0
+    step: int = 0
+    micro_batch: int = 0
+
+
+@dataclass
+class TrainState:
+    """The model (unwrapped), its optimizer, LR schedule, GradScaler and EMA, progress, best-k list, config."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    ema: Optional[torch.optim.swa_utils.AveragedModel] = None
+    config: dict[str, Any] = field(default_factory=dict)  # resolved, plain: stored in every checkpoint
+    progress: Progress = field(default_factory=Progress)
+    best: list[list] = field(default_factory=list)  # [[value, file name], ...], best first
+    # Metrics of an evaluation of exactly the current weights; cleared by every optimizer step.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint of this state. A collective: every rank calls it (RNG states are gathered)."""
+        p = self.progress
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "epoch": p.epoch, "step": p.step, "sampler": {"epoch": p.epoch, "micro_batch": p.micro_batch},
+            "rng": dist.all_gather_object(capture_rng_state()), "world_size": dist.get_world_size(),
+            "config": self.config, "metrics": dict(self.metrics), "best": [list(b) for b in self.best],
+        }
+
+    def load_state_dict(self, ckpt: dict[str, Any], source: str = "the checkpoint") -> None:
+        """Restore every piece of a checkpoint; RNG states per rank when the world size is unchanged.
+
+        Weights of another model, task or class count are refused with both configs named.
+        """
+        ckpt = upgrade(ckpt, source)
+        load_model_weights(self.model, ckpt["model"], ckpt["config"], self.config, source)
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None:
+            if ckpt.get("ema") is None:  # its first update copies the resumed weights (n_averaged == 0)
+                log.warning("%s holds no EMA weights (trained with trainer.ema=false): the EMA starts from the "
+                            "resumed weights", source)
+            else:
+                self.ema.load_state_dict(ckpt["ema"])
+        self.progress = Progress(int(ckpt["epoch"]), int(ckpt["step"]), int(ckpt["sampler"]["micro_batch"]))
+        self._map_sampler_position(ckpt)
+        self.best = [list(b) for b in ckpt.get("best", [])]
+        self.metrics = {}
+        rng = ckpt.get("rng") or []
+        if len(rng) == dist.get_world_size():
+            restore_rng_state(rng[dist.get_rank()])
+        else:
+            log.warning("%s has RNG states for %d process(es), this run has %d: RNG not restored "
+                        "(data order and augmentation do not depend on it)", source, len(rng),
+                        dist.get_world_size())
+
+    def _map_sampler_position(self, ckpt: dict[str, Any]) -> None:
+        """With another world size or batch size, resume at the same sample position of the epoch."""
+        old_global = int(ckpt.get("world_size", 1)) * int(ckpt["config"]["data"]["batch_size"])
+        new_global = dist.get_world_size() * int(self.config["data"]["batch_size"])
+        p = self.progress
+        if old_global != new_global and p.micro_batch:
+            p.micro_batch = p.micro_batch * old_global // new_global
+            log.warning("resuming with %d images per micro-step instead of %d: epoch position mapped to "
+                        "micro-batch %d (exact only when the sizes divide)", new_global, old_global, p.micro_batch)
+
+
+def upgrade(ckpt: dict[str, Any], source: str) -> dict[str, Any]:
+    """`ckpt` in the current format: version 0 (no version key) gains it; a newer version is an error."""
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
+        raise ValueError(f"{source} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
+                         "pass a file from <run dir>/checkpoints/")
+    version = int(ckpt.get("format_version", 0))
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{source} has checkpoint format {version}, newer than this code's {FORMAT_VERSION}: "
+                         "update SyncTrain to read it")
+    return {**ckpt, "format_version": FORMAT_VERSION}
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file in the current format (on the CPU); errors name the file."""
+    return upgrade(load_checkpoint(path, map_location="cpu"), str(path))
+
+
+def stored_config(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The training config a checkpoint was written with (plain dict, without Hydra's own node)."""
+    return {k: v for k, v in ckpt["config"].items() if k != "hydra"}
+
+
+def model_weights(ckpt: dict[str, Any], ema: bool, source: str) -> dict[str, torch.Tensor]:
+    """The model state_dict to evaluate or predict with: the trained weights, or their EMA with ema=True."""
+    if not ema:
+        return ckpt["model"]
+    state = ckpt.get("ema")
+    if not state:
+        raise ValueError(f"ema=true but {source} holds no EMA weights (it was trained with trainer.ema=false); "
+                         "drop ema=true to evaluate the trained weights")
+    # AveragedModel keys its copy as "module.<name>" and adds its step counter "n_averaged".
+    return {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}
+
+
+def load_model_weights(model: nn.Module, weights: dict[str, torch.Tensor], stored: dict[str, Any],
+                       current: dict[str, Any], source: str) -> None:
+    """Load checkpoint weights into `model` (strict); a mismatch names the stored and the current config."""
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:  # other keys or shapes: another model, task or number of classes
+        detail = " ".join(str(err).split())
+        raise ValueError(f"the weights in {source} do not fit this model. The checkpoint was trained with "
+                         f"{_describe(stored)}; this run has {_describe(current)}. Use the checkpoint's "
+                         f"model and data settings, or another checkpoint. (PyTorch: {detail[:400]})") from None
+
+
+def _describe(cfg: dict[str, Any]) -> str:
+    model = cfg.get("model") or {}
+    data = cfg.get("data") or {}
+    shown = ", ".join(f"model.{k}={v}" for k, v in model.items() if k not in _INIT_ONLY_KEYS)
+    return f"{shown}, data.name={data.get('name')}, data.num_classes={data.get('num_classes')}"

@@ -1,0 +1,217 @@
+"""Trainer: the training loop (epochs, micro-batches, accumulation, AMP, optimizer step) and its hooks.
+
+Who owns what:
+- `trainer.state` (TrainState): the unwrapped model, optimizer, scheduler, scaler, EMA, progress,
+  best-k list, config; its state_dict() is the checkpoint.
+- `trainer.module`: what the forward pass goes through: the model, wrapped in DDP when distributed
+  (src/engine/wrap.py; torch.compile would be applied there too, around the DDP module).
+- `trainer.eval_module`: what evaluation runs (default: the unwrapped model).
+- hooks (src/engine/hooks.py): logging, evaluation, checkpoints, stopping; the loop calls them.
+
+The loop itself only trains: one epoch is a pass over the loader from the resume position; every K
+micro-batches (an accumulation window, src/engine/accumulation.py) end in an optimizer step, after
+which the hooks run. See src/engine/hooks.py for the hook protocol and how a hook stops the run or
+forces a checkpoint.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from src import dist
+from src.config import TrainerConfig
+from src.data import set_loader_epoch
+from src.engine.accumulation import gradient_sync, micro_step
+from src.engine.amp import autocast
+from src.engine.checkpoint import CheckpointSaver
+from src.engine.hooks import Hook
+from src.engine.norm_health import sync_bn_buffers
+from src.engine.state import TrainState
+from src.logger import progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    """What one optimizer step did on this rank (nothing reduced, nothing synchronised)."""
+
+    loss_sum: torch.Tensor  # float64 on the device: sum over the step's micro-batches of mean loss x batch size
+    images: int  # images this rank processed in the step
+    seconds: float  # wall time of the step, from the first data wait to after the optimizer step
+    data_seconds: float  # of which waiting for the loader
+
+
+class Trainer:
+    """Runs TrainState through epochs of `loader`; hooks do everything around the optimizer steps."""
+
+    def __init__(self, state: TrainState, module: nn.Module, loader: Any, loss_fn: Callable[[Any, torch.Tensor],
+                 torch.Tensor], settings: TrainerConfig, device: torch.device, *, hooks: Sequence[Hook] = (),
+                 saver: Optional[CheckpointSaver] = None, mix: Optional[Callable] = None,
+                 eval_module: Optional[nn.Module] = None, buffer_sync: str = "none") -> None:
+        self.state, self.module, self.loader, self.loss_fn = state, module, loader, loss_fn
+        self.settings, self.device, self.saver, self.mix = settings, device, saver, mix
+        self.hooks = list(hooks)
+        self.eval_module = eval_module if eval_module is not None else state.model
+        self.buffer_sync = buffer_sync  # reduce | broadcast | none: per-rank BN statistics before eval/checkpoint
+        self.epoch = state.progress.epoch  # the epoch being trained (or, in after_epoch, just trained)
+        self.epoch_complete = False
+        self.finishing = False
+        self.last_step: Optional[StepOutput] = None
+        self.batch: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the last micro-batch, before MixUp
+        self.stop_reason: Optional[str] = None
+        self.exit_code: Optional[int] = None
+        self._checkpoint_requested = False
+        self._bar: Any = None
+        self.started = time.perf_counter()
+
+    # --- control, for hooks ---------------------------------------------------------------------------
+    def request_stop(self, reason: str, exit_code: Optional[int] = None) -> None:
+        """End training after the current step; with `exit_code`, as an interruption (see hooks.py)."""
+        if self.stop_reason is None:
+            self.stop_reason, self.exit_code = reason, exit_code
+            log.info("stopping after step %d: %s", self.state.progress.step, reason)
+
+    def request_checkpoint(self) -> None:
+        """Write last.pt once the current step's hooks have run."""
+        self._checkpoint_requested = True
+
+    @property
+    def interrupted(self) -> bool:
+        """True when a stop with an exit code was requested."""
+        return self.exit_code is not None
+
+    def show(self, **fields: str) -> None:
+        """Put short values (loss, lr, ...) on rank 0's progress bar."""
+        if self._bar is not None:
+            self._bar.set_postfix(refresh=False, **fields)
+
+    # --- services, for hooks --------------------------------------------------------------------------
+    def sync_buffers(self) -> None:
+        """Make per-rank BN statistics (model and EMA) equal on all ranks (a collective; no-op when not needed)."""
+        sync_bn_buffers(self.state.model, self.buffer_sync)
+        if self.state.ema is not None:
+            sync_bn_buffers(self.state.ema.module, self.buffer_sync)
+
+    def save_checkpoint(self) -> Optional[Any]:
+        """Write last.pt (and a best-k file when the current weights were evaluated). A collective."""
+        self.sync_buffers()
+        state = self.state
+        best_name, dropped = None, []
+        if state.metrics and self.saver is not None:
+            state.best, best_name, dropped = self.saver.rank(state.best, state.progress.step, state.metrics)
+        data = state.state_dict()  # collective (RNG states of every rank)
+        path = None
+        if dist.is_main_process() and self.saver is not None:
+            path = self.saver.write(data, best_name, dropped)
+        dist.barrier()  # nobody runs ahead of a checkpoint a restarted job would resume from
+        return path
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def train(self) -> None:
+        """before_train, then epochs until the configured end or a stop request, then after_train."""
+        self._call("before_train")
+        while self.stop_reason is None and self.state.progress.epoch < self.settings.epochs:
+            self.epoch = self.state.progress.epoch
+            self._run_epoch()
+            if self.interrupted:
+                break
+            self.finishing = self.stop_reason is not None or self.state.progress.epoch >= self.settings.epochs
+            self._call("after_epoch")
+        self._call("after_train")
+
+    def _run_epoch(self) -> None:
+        """Micro-batches from the resume position to the end of the epoch, or until a stop request."""
+        p = self.state.progress
+        num_micro_batches = len(self.loader)
+        if p.micro_batch < num_micro_batches:
+            set_loader_epoch(self.loader, p.epoch)
+            self.loader.batch_sampler.set_start(p.micro_batch)
+            self.module.train()
+            self._bar = progress(self.loader, total=num_micro_batches - p.micro_batch,
+                                 enabled=self.settings.progress_bar and dist.is_main_process(),
+                                 desc=f"epoch {p.epoch}")
+            try:
+                self._micro_batches(num_micro_batches)
+            finally:
+                self._bar.close()
+                self._bar = None
+        self.epoch_complete = p.micro_batch >= num_micro_batches
+        if self.epoch_complete:
+            p.epoch, p.micro_batch = p.epoch + 1, 0
+
+    def _micro_batches(self, num_micro_batches: int) -> None:
+        p = self.state.progress
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        images_seen, data_seconds = 0, 0.0
+        started = waited = time.perf_counter()
+        for index, (images, targets) in enumerate(self._bar, start=p.micro_batch):
+            data_seconds += time.perf_counter() - waited
+            images, targets = self._to_device(images, targets)
+            micro = micro_step(index, num_micro_batches, self.settings.grad_accum_steps)
+            loss = self._forward_backward(images, targets, micro.loss_scale, micro.is_last_in_window)
+            loss_sum += loss.detach().double() * images.shape[0]
+            images_seen += images.shape[0]
+            p.micro_batch = index + 1
+            if micro.is_last_in_window:
+                self._optimizer_step()
+                p.step += 1
+                self.last_step = StepOutput(loss_sum, images_seen, time.perf_counter() - started, data_seconds)
+                self._after_step()
+                if self.stop_reason is not None:
+                    return
+                loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                images_seen, data_seconds = 0, 0.0
+                started = time.perf_counter()
+            waited = time.perf_counter()
+
+    def _to_device(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        images = images.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        if self.settings.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        self.batch = (images, targets)
+        return images, targets
+
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, loss_scale: float,
+                          sync: bool) -> torch.Tensor:
+        """One micro-batch; only the last of a window all-reduces gradients (one all-reduce per step)."""
+        if self.mix is not None:
+            images, targets = self.mix(images, targets)
+        with gradient_sync(self.module, sync):
+            with autocast(self.settings.amp, self.device):
+                outputs = self.module(images)
+            loss = self.loss_fn(outputs, targets)
+            self.state.scaler.scale(loss * loss_scale).backward()
+        return loss
+
+    def _optimizer_step(self) -> None:
+        """Clip (on unscaled gradients), step, update the loss scale, clear gradients, advance LR and EMA."""
+        s = self.state
+        if self.settings.grad_clip_norm is not None:
+            s.scaler.unscale_(s.optimizer)
+            torch.nn.utils.clip_grad_norm_(s.model.parameters(), self.settings.grad_clip_norm)
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        s.optimizer.zero_grad(set_to_none=True)
+        s.scheduler.step()
+        if s.ema is not None:
+            s.ema.update_parameters(s.model)
+        s.metrics = {}  # new weights: the last evaluation no longer describes them
+
+    def _after_step(self) -> None:
+        self._call("after_step")
+        if self._checkpoint_requested:
+            self._checkpoint_requested = False
+            self.save_checkpoint()
+
+    def _call(self, event: str) -> None:
+        for hook in self.hooks:
+            method = getattr(hook, event, None)
+            if method is not None:
+                method(self)
