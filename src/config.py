@@ -22,6 +22,7 @@ from src.models.config import ModelConfig, NormConfig, check_model_norm
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "poly")
 AMP_MODES = ("none", "bf16", "fp16")
+DTYPES = ("float32", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 BUFFER_SYNC = ("reduce", "broadcast", "none")
 METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
@@ -99,6 +100,9 @@ class TrainerConfig:
     epochs: int = 8
     max_steps: Optional[int] = None
     grad_accum_steps: int = 1
+    # float64: weights, inputs, losses and optimizer state in float64 (and SyncBN's float64 kernels), to
+    # verify a setup or debug a divergence without float32 rounding; needs amp=none.
+    dtype: str = "float32"
     amp: str = "none"
     channels_last: bool = False
     grad_clip_norm: Optional[float] = None
@@ -130,6 +134,10 @@ class TrainerConfig:
             _positive("trainer.max_steps", self.max_steps)
         _positive("trainer.grad_accum_steps", self.grad_accum_steps)
         _one_of("trainer.amp", self.amp, AMP_MODES)
+        _one_of("trainer.dtype", self.dtype, DTYPES)
+        if self.dtype == "float64" and self.amp != "none":
+            raise ValueError(f"trainer.dtype=float64 with trainer.amp={self.amp}: autocast would compute in "
+                             f"{self.amp}, not float64; set trainer.amp=none (or trainer.dtype=float32)")
         if self.grad_clip_norm is not None:
             _positive("trainer.grad_clip_norm", self.grad_clip_norm)
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -147,6 +147,40 @@ def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_r
 
 
 @pytest.mark.slow
+def test_float64_two_process_syncbn_equals_one_process_bn_for_50_steps(tmp_path: Path) -> None:
+    """trainer.dtype=float64: W=2 x b=4 with norm=syncbn == W=1 x b=8 with norm=bn, 50 optimizer steps.
+
+    In float64 the two runs differ only by float64 rounding of sums taken in another order (Chan merge of
+    two halves, DDP's two-way gradient average): ~1e-16 relative per operation, which 50 steps of training
+    amplify to a measured worst of 4e-12 (losses) and 2e-11 (parameters and BN statistics, relative to
+    each tensor's largest value; AMD EPYC, 2026-12-01). Bound: 1e-9. The bug this guards against,
+    per-rank BN (norm=bn on the 2 processes), differs by 3e-3 at step 1 and by up to 1.0 over the run.
+    """
+    common = [*TINY, "data.train_size=400", "data.val_size=16", "data.image_size=8", "trainer.epochs=1",
+              "trainer.log_every=1", "trainer.tensorboard=false", "sched.warmup_epochs=0", "trainer.dtype=float64"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    a = launch(2, [*common, "norm=syncbn", "data.batch_size=4", f"hydra.run.dir={two}"])
+    assert a.returncode == 0, a.stdout[-4000:]
+    b = launch(0, [*common, "norm=bn", "data.batch_size=8", f"hydra.run.dir={one}"])
+    assert b.returncode == 0, b.stdout[-4000:]
+
+    losses_two = [r["loss"] for r in rows(two, "train")]
+    losses_one = [r["loss"] for r in rows(one, "train")]
+    assert len(losses_two) == len(losses_one) == 50
+    worst_loss = max(abs(x - y) / abs(y) for x, y in zip(losses_two, losses_one))
+    assert worst_loss < 1e-9, f"per-step losses differ by up to {worst_loss:.3g} relative"
+
+    p_two = load_checkpoint(two / "checkpoints" / "last.pt")["model"]
+    p_one = load_checkpoint(one / "checkpoints" / "last.pt")["model"]
+    assert p_two.keys() == p_one.keys() and all(v.dtype == torch.float64 for v in p_one.values()
+                                                if v.is_floating_point())
+    worst_param = max(((p_two[k] - p_one[k]).abs().max() / p_one[k].abs().max()).item()
+                      for k in p_one if p_one[k].is_floating_point() and p_one[k].abs().max() > 0)
+    assert worst_param < 1e-9, f"final parameters and BN statistics differ by up to {worst_param:.3g} relative"
+    assert all(torch.equal(p_two[k], p_one[k]) for k in p_one if not p_one[k].is_floating_point())
+
+
+@pytest.mark.slow
 def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Path) -> None:
     """W=2 x b=16 with norm=syncbn == W=1 x b=32 with norm=bn: same per-step losses and final parameters.
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from src import dist
 from src.config import task_of, validate_config
 from src.data import build_datasets, build_eval_loader
+from src.engine.amp import PRECISIONS
 from src.engine.evaluator import evaluate
 from src.engine.seeding import configure_threads
 from src.engine.state import load_model_weights, model_weights, read_checkpoint, stored_config
@@ -115,7 +116,7 @@ def _evaluate(train_cfg: DictConfig, task: str, weights: dict[str, torch.Tensor]
     loader = build_eval_loader(bundle.val, train_cfg.data, dist.get_rank(), dist.get_world_size())
     model = build_model(train_cfg.model, train_cfg.norm, bundle.num_classes)
     load_model_weights(model, weights, ckpt["config"], OmegaConf.to_container(train_cfg, resolve=True), source)
-    model.to(device)
+    model.to(device, PRECISIONS[train_cfg.trainer.dtype])
     if train_cfg.trainer.channels_last:
         model.to(memory_format=torch.channels_last)
     return evaluate(model, loader, task, bundle.num_classes, device, amp=train_cfg.trainer.amp,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from src import dist
-from src.engine.amp import autocast
+from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.exports import export_classification, export_segmentation
 from src.engine.metrics import ConfusionMatrix, topk_correct
 from src.unwrap import unwrap_model
@@ -76,8 +76,9 @@ def evaluate(
                                       class_names)
 
 
-def _batches(loader: Any, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(images, targets, indices) on `device` (indices stay on the CPU)."""
+def _batches(loader: Any, device: torch.device,
+             dtype: torch.dtype) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(images in the model's dtype, targets, indices) on `device` (indices stay on the CPU)."""
     for batch in loader:
         if not isinstance(batch, (tuple, list)) or len(batch) != 3:
             raise ValueError(
@@ -85,7 +86,7 @@ def _batches(loader: Any, device: torch.device) -> Iterator[tuple[torch.Tensor, 
                 "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices"
             )
         images, targets, indices = batch
-        yield (images.to(device, non_blocking=True), targets.to(device, non_blocking=True),
+        yield (images.to(device, dtype, non_blocking=True), targets.to(device, non_blocking=True),
                torch.as_tensor(indices, dtype=torch.int64).cpu())
 
 
@@ -99,10 +100,10 @@ def _evaluate_classification(
     loss_fn: LossFn | None, export: str | Path | None,
 ) -> dict[str, float]:
     rows = []  # per batch: [n, 5] float64 = index, loss, prediction, top-1 hit, top-5 hit
-    for images, targets, indices in _batches(loader, device):
+    for images, targets, indices in _batches(loader, device, model_dtype(net)):
         with autocast(amp, device):
             logits = net(images)
-        logits = logits.float()
+        logits = upcast(logits)
         if logits.dim() != 2 or logits.shape[1] != num_classes:
             raise ValueError(f"expected logits [N, {num_classes}], got {tuple(logits.shape)}")
         if loss_fn is None:
@@ -148,10 +149,10 @@ def _evaluate_segmentation(
     cm = ConfusionMatrix(num_classes, ignore_index, device=device)
     loss_rows = []  # per image: index, loss summed over valid pixels, number of valid pixels
     masks: list[tuple[int, torch.Tensor]] = []  # (index, uint8 prediction) kept only when exporting
-    for images, targets, indices in _batches(loader, device):
+    for images, targets, indices in _batches(loader, device, model_dtype(net)):
         with autocast(amp, device):
             logits = _segmentation_logits(net(images))
-        logits, targets = logits.float(), targets.long()  # masks may arrive as uint8
+        logits, targets = upcast(logits), targets.long()  # masks may arrive as uint8
         if logits.shape[-2:] != targets.shape[-2:]:
             # Models here already answer at input size; this covers a mask kept at a different size.
             logits = F.interpolate(logits, size=targets.shape[-2:], mode="bilinear", align_corners=False)

@@ -6,14 +6,22 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from src.engine.amp import upcast
+
 Loss = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 def classification_loss(label_smoothing: float = 0.0) -> Loss:
-    """Cross-entropy on logits [N, K]; targets are class indices or (MixUp/CutMix) probabilities [N, K]."""
+    """Cross-entropy on logits [N, K]; targets are class indices or (MixUp/CutMix) probabilities [N, K].
+
+    Computed in float32 at least (float64 logits stay float64), soft targets in the logits' dtype.
+    """
 
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
+        logits = upcast(logits)
+        if target.is_floating_point():
+            target = target.to(logits.dtype)
+        return F.cross_entropy(logits, target, label_smoothing=label_smoothing)
 
     return loss
 
@@ -25,9 +33,9 @@ def segmentation_loss(ignore_index: int = 255, aux_weight: float = 0.0) -> Loss:
     """
 
     def loss(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(outputs["out"].float(), target, ignore_index=ignore_index)
+        total = F.cross_entropy(upcast(outputs["out"]), target, ignore_index=ignore_index)
         if aux_weight > 0 and "aux" in outputs:
-            total = total + aux_weight * F.cross_entropy(outputs["aux"].float(), target, ignore_index=ignore_index)
+            total = total + aux_weight * F.cross_entropy(upcast(outputs["aux"]), target, ignore_index=ignore_index)
         return total
 
     return loss

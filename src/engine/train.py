@@ -17,7 +17,7 @@ from src import dist
 from src.config import TrainConfig, best_metric_of, task_of, validate_config
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
 from src.engine.accumulation import optimizer_steps_per_epoch
-from src.engine.amp import build_scaler
+from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
 from src.engine.checkpoint import CheckpointSaver
 from src.engine.ema import build_ema
@@ -92,7 +92,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     val_loader = build_eval_loader(data.val, typed.data, rank, world)
 
     seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
-    model = build_model(typed.model, typed.norm, data.num_classes).to(device)
+    model = build_model(typed.model, typed.norm, data.num_classes).to(device, PRECISIONS[settings.dtype])
     norm_sync = NormSync(model, typed.norm, settings.dist_timeout_s)  # collective with norm.group_size
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -27,7 +27,7 @@ from src import dist
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.engine.accumulation import gradient_sync, micro_step
-from src.engine.amp import autocast
+from src.engine.amp import PRECISIONS, autocast
 from src.engine.checkpoint import CheckpointSaver
 from src.engine.hooks import Hook
 from src.engine.norm_health import sync_bn_buffers
@@ -56,6 +56,7 @@ class Trainer:
                  eval_module: Optional[nn.Module] = None, buffer_sync: str = "none") -> None:
         self.state, self.module, self.loader, self.loss_fn = state, module, loader, loss_fn
         self.settings, self.device, self.saver, self.mix = settings, device, saver, mix
+        self.dtype = PRECISIONS[settings.dtype]  # inputs are cast to it, like the model's weights
         self.hooks = list(hooks)
         self.eval_module = eval_module if eval_module is not None else state.model
         self.buffer_sync = buffer_sync  # reduce | broadcast | none: per-rank BN statistics before eval/checkpoint
@@ -171,7 +172,7 @@ class Trainer:
             waited = time.perf_counter()
 
     def _to_device(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        images = images.to(self.device, non_blocking=True)
+        images = images.to(self.device, self.dtype, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         if self.settings.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.utils import make_grid
 
-from src.engine.amp import autocast
+from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.evaluator import eval_mode
 from src.engine.palette import color_palette
 from src.unwrap import unwrap_model
@@ -86,8 +86,8 @@ def segmentation_panels(
         for index in indices:
             image, target = _sample(dataset, index)
             with autocast(amp, device):
-                out = net(image.unsqueeze(0).to(device))
-            logits = (out["out"] if isinstance(out, dict) else out).float()
+                out = net(image.unsqueeze(0).to(device, model_dtype(net)))
+            logits = upcast(out["out"] if isinstance(out, dict) else out)
             if logits.shape[-2:] != target.shape[-2:]:
                 logits = F.interpolate(logits, size=target.shape[-2:], mode="bilinear", align_corners=False)
             pred = logits.argmax(1)[0]

@@ -100,6 +100,15 @@ def test_bad_value_names_the_key(override: str, key: str) -> None:
         validate_config(_compose([override]))
 
 
+def test_float64_refuses_amp_and_reaches_the_schema() -> None:
+    assert validate_config(_compose(["trainer.dtype=float64"])).trainer.dtype == "float64"
+    assert validate_config(_compose([])).trainer.dtype == "float32"
+    with pytest.raises(ValueError, match="trainer.dtype=float64 with trainer.amp=bf16.*set trainer.amp=none"):
+        validate_config(_compose(["trainer.dtype=float64", "trainer.amp=bf16"]))
+    with pytest.raises(ValueError, match="trainer.dtype must be one of"):
+        validate_config(_compose(["trainer.dtype=float16"]))
+
+
 def test_wrong_type_names_the_key() -> None:
     with pytest.raises((ConfigCompositionException, ValueError), match="epochs"):
         validate_config(_compose(["trainer.epochs=ten"]))
