@@ -12,6 +12,7 @@ check is an operator too, so it stays in the graph).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
@@ -79,16 +80,46 @@ def _kernels_loaded() -> bool:
     return True
 
 
+KERNELS_ENV = "SYNCTRAIN_SYNCBN_KERNELS"
+_FROM_ENV: dict[str, KernelOps] = {}
+
+
+def _kernels_from_env(choice: str) -> KernelOps:
+    """The kernels SYNCTRAIN_SYNCBN_KERNELS names: cuda-emulated = the CUDA kernels run on the CPU by the SIMT
+    emulation (CPU tensors through the CUDA code; eager only), loaded once per process."""
+    if choice != "cuda-emulated":
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'cuda-emulated' or unset")
+    ops = _FROM_ENV.get(choice)
+    if ops is None:
+        from . import extension
+
+        load = getattr(extension, "emulated_cuda_ops", None)
+        if load is None:
+            raise RuntimeError(f"{KERNELS_ENV}=cuda-emulated needs the CUDA emulation build "
+                               "(src.syncbn.extension.emulated_cuda_ops), which this checkout does not have")
+        ops = _FROM_ENV[choice] = KernelOps.from_module(load())
+    return ops
+
+
 def kernel_ops() -> KernelOps:
-    """The kernel ops (the extension is built or loaded once per process, on first use)."""
-    _kernels_loaded()
-    assert _OPS is not None
-    if not _OPS.traceable and torch.compiler.is_compiling():
+    """The kernel ops (the extension is built or loaded once per process, on first use).
+
+    SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated selects the emulated CUDA kernels instead (read at every
+    call, so a test may switch it on and off).
+    """
+    choice = os.environ.get(KERNELS_ENV, "")
+    if choice:
+        ops = _kernels_from_env(choice)
+    else:
+        _kernels_loaded()
+        assert _OPS is not None
+        ops = _OPS
+    if not ops.traceable and torch.compiler.is_compiling():
         raise RuntimeError(
-            f"the SyncBN kernels in use ({_OPS.library}) are plain Python functions, which "
-            "torch.compile cannot trace; run this model eagerly, or use the default kernel extension"
+            f"the SyncBN kernels in use ({ops.library}) are plain Python functions, which "
+            f"torch.compile cannot trace; run this model eagerly, or unset {KERNELS_ENV} for the default kernels"
         )
-    return _OPS
+    return ops
 
 
 def kernel_memory_format(x: torch.Tensor) -> torch.memory_format:
