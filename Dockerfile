@@ -33,16 +33,12 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 # container has one purpose, so installing into it is what we want.
 # TORCH_CUDA_ARCH_LIST stays set at run time so that a rebuild inside the container (new sources)
 # targets the same GPUs; SYNCTRAIN_EXTENSIONS_DIR is where src.syncbn looks for the compiled kernels.
-# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: without it, workers that torchrun restarts (--max-restarts)
-# fail to create their process group with torch 2.14 (stale addresses in the shared rendezvous
-# store; docs/clusters.md, section 4).
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
-    SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions \
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions
 
 # Ubuntu 24.04 images ship a user "ubuntu" with UID/GID 1000; free the requested ids first so that
 # our user gets exactly them.

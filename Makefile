@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 NPROC    ?= 2
 ARGS     ?=
 
-.PHONY: setup train test test-fast build-ext clean
+.PHONY: setup system-deps train test test-fast build-ext clean
 
 setup: $(VENV)/.installed
 
@@ -16,13 +16,17 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	touch $@
 
+# Debian packages for the SLURM tests (slurm-wlm, munge): installed as root, skipped (with a note) otherwise.
+system-deps:
+	@scripts/install_system_deps.sh
+
 build-ext: setup
 	$(PY) -m src.syncbn.build
 
 train: setup
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 
-test: setup
+test: setup system-deps
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup

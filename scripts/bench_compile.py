@@ -214,7 +214,7 @@ def main() -> None:
 
         from src import dist
 
-        dist.init_distributed(torch.device("cpu"), timeout_s=1800.0)
+        dist.init_distributed(torch.device("cpu"), timeout_s=1800.0, init_timeout_s=300.0)
         results = [paired(norm, args.rounds, args.mode, args.channels_last) for norm in args.norms.split(",")]
         if dist.get_rank() == 0:
             Path(args.out).write_text(json.dumps(results))

@@ -75,6 +75,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from src import dist
+    from src.config import TrainerConfig
     from src.data import build_datasets, build_train_loader
     from src.data.config import DataConfig
     from src.models import build_model
@@ -82,7 +83,8 @@ def baseline_worker(args: argparse.Namespace) -> None:
 
     device = torch.device("cpu")
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // dist.get_local_world_size()))
-    dist.init_distributed(device)
+    trainer = TrainerConfig()  # the trainer's own timeouts
+    dist.init_distributed(device, timeout_s=trainer.dist_timeout_s, init_timeout_s=trainer.dist_init_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     data_cfg = DataConfig(name="shapes", batch_size=args.batch, train_size=args.train_size, val_size=100,
                           num_classes=8)

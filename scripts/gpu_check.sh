@@ -19,7 +19,7 @@ set -uo pipefail
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -65,7 +65,8 @@ export SYNCTRAIN_EXTENSIONS_DIR=${SYNCTRAIN_EXTENSIONS_DIR:-$PWD/build/torch_ext
 B0=$(date +%s)
 # The loader builds (and imports) exactly the variant training uses here: CUDA + CPU ops in one library.
 # (`python -m src.syncbn.build --cuda` would also build a CPU-only variant, which nothing here needs.)
-timeout 200 "$PY" -c 'from src.syncbn import extension as e; m = e.load_extension(); print(m.__file__, e.last_build_info())' \
+# Without a usable nvcc it would build the CPU-only variant: stop then, with the loader's reason.
+timeout 200 "$PY" -c 'from src.syncbn import extension as e; m = e.load_extension(); print(m.__file__, e.last_build_info()); p = e.cuda_kernels_problem(); assert p is None, p' \
   >"$OUTDIR/build.log" 2>&1
 BUILD_RC=$?
 BUILD_S=$(( $(date +%s) - B0 ))

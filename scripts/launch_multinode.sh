@@ -22,13 +22,12 @@
 #   MAX_RESTARTS    how many times torchrun restarts the whole worker group after a worker fails;
 #                   each restart resumes from the last checkpoint when trainer.resume=auto        [3]
 #   MONITOR_INTERVAL  seconds between torchrun's checks of its workers                         [unset]
+#   SHUTDOWN_TIMEOUT  seconds torchrun waits for its workers to exit after a stop signal (they
+#                   finish the optimizer step and save last.pt first) before SIGKILL        [torchrun: 30]
 #   LOG_DIR         torchrun --log-dir: per-worker stdout/stderr files                          [unset]
 #   TRAIN_SCRIPT    the entry point                                       [train.py of this checkout]
 #   TORCHRUN        the torchrun executable                                               [torchrun]
 #   DRY_RUN=1       print the torchrun command instead of running it
-#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE  [1]: a fresh store per restart, see below; 0 restores
-#                   torchrun's default (restarts then fail with torch 2.14, unless the trainer's
-#                   process-group setup namespaces its keys per restart)
 #
 # Fault tolerance needs a fixed run directory on storage every node sees: after a restart the
 # workers are started again with the same arguments, and Hydra's default run dir contains the start
@@ -76,21 +75,20 @@ if [[ "${max_restarts}" != 0 && "${has_run_dir}" == 0 ]]; then
         "a restarted job starts a new run directory and cannot resume from its checkpoints" >&2
 fi
 
-# torch 2.14's torchrun keeps one rendezvous TCPStore for the whole job and hands it to every
-# restarted worker group without a per-restart key prefix: the restarted workers read the addresses
-# of the workers they replace and process-group creation fails ("Gloo connectFullMesh failed ...
-# Connection refused"; NCCL, which exchanges its id through the same store, should fail alike).
-# Opting out of the shared store gives every restart a fresh one (rank 0's node serves it on a
-# free port, which the other nodes must be able to reach, as they must for NCCL/gloo anyway).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
-
+# torchrun's default signal list plus SIGUSR1 (SLURM's usual early-warning signal): torchrun then passes
+# it on to its workers, which stop after the current step and save, instead of dying from it.
+handled_signals="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 cmd=("${torchrun_bin}"
     --nnodes="${nnodes}"
     --nproc_per_node="${NPROC_PER_NODE}"
     --rdzv_backend=c10d
     --rdzv_endpoint="${rdzv_endpoint}"
     --rdzv_id="${rdzv_id}"
-    --max-restarts="${max_restarts}")
+    --max-restarts="${max_restarts}"
+    --signals-to-handle="${handled_signals}")
+if [[ -n "${SHUTDOWN_TIMEOUT:-}" ]]; then
+    cmd+=(--shutdown-timeout="${SHUTDOWN_TIMEOUT}")
+fi
 if [[ -n "${RDZV_CONF:-}" ]]; then
     cmd+=(--rdzv_conf="${RDZV_CONF}")
 fi

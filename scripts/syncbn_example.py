@@ -26,7 +26,7 @@ from src.syncbn import SyncBatchNorm2d, convert_sync_batchnorm  # noqa: E402
 def main() -> None:
     """Train a few steps with uneven per-rank batches and check the synchronised statistics."""
     device = dist.select_device("auto")
-    dist.init_distributed(device, timeout_s=120)  # no-op without torchrun
+    dist.init_distributed(device, timeout_s=120, init_timeout_s=120)  # no-op without torchrun
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank
     model = nn.Sequential(

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
+from src.engine.preemption import parse_signals
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -120,6 +121,10 @@ class TrainerConfig:
     resume: str = "none"
     deterministic: bool = False
     dist_timeout_s: float = 1800.0
+    dist_init_timeout_s: float = 300.0
+    # Signals that stop training after the current optimizer step with last.pt saved (src/engine/preemption.py):
+    # SIGTERM (scancel, docker stop, torchrun), SIGUSR1 (sbatch --signal), SIGUSR2 (Hydra's submitit launcher).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
     ddp_bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     broadcast_buffers: bool = False
@@ -158,6 +163,8 @@ class TrainerConfig:
         if not self.resume:
             raise ValueError("trainer.resume must be none, auto or a checkpoint path, got an empty string")
         _positive("trainer.dist_timeout_s", self.dist_timeout_s)
+        _positive("trainer.dist_init_timeout_s", self.dist_init_timeout_s)
+        parse_signals(self.preempt_signals)
         _positive("trainer.ddp_bucket_cap_mb", self.ddp_bucket_cap_mb)
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
         _one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)

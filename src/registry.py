@@ -6,7 +6,7 @@ the task checks and the error messages all read the registry, so there are no na
     MODELS = Registry("model.name")
 
     @MODELS.register("resnet20", task="classification")
-    def build_resnet20(cfg, norm_layer, num_classes): ...
+    def build_resnet20(cfg, norm_cfg, num_classes): ...
 
     MODELS.get("resnet20").builder(...)
 """

@@ -81,8 +81,10 @@ def assert_reproduces(evaluated: dict, logged: dict, prefix: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def cls_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 processes with per-rank BN (norm=bn) and an EMA: the checkpoint must hold the BN statistics of model
+    and EMA that the logged metrics were computed with (made equal across ranks before evaluating)."""
     run_dir = tmp_path_factory.mktemp("cls_run")
-    run_cmd([sys.executable, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}"])
+    torchrun(2, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}")
     return run_dir
 
 
@@ -151,6 +153,20 @@ def test_missing_or_absent_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         run(_compose())
     with pytest.raises(FileNotFoundError, match="no such file"):
         run(_compose(f"ckpt={tmp_path / 'nope.pt'}"))
+
+
+def test_another_model_or_a_broken_file_is_a_clear_error(tmp_path: Path) -> None:
+    from tests.engine.legacy_checkpoint import write_format_v0
+
+    ckpt = tmp_path / "last.pt"
+    write_format_v0(ckpt, ["model=resnet20", "data.image_size=16", "trainer.ema=true"], epoch=1, step=4,
+                    steps_per_epoch=4)
+    with pytest.raises(ValueError, match=rf"weights in {ckpt} do not fit.*model.name=resnet20.*model.name=resnet32"):
+        run(_compose(f"ckpt={ckpt}", "+model.name=resnet32", "trainer.num_threads=1", "+data.val_size=8"))
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"checkpoint {cut} cannot be read"):
+        run(_compose(f"ckpt={cut}"))
 
 
 def test_command_line_overrides_reach_the_training_config() -> None:

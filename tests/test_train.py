@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S, script:
 def rows(run_dir: Path, split: str) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) -> tuple[Path, Path]:
+    """Run `common` as 2 processes x batch with norm=syncbn and as 1 process x 2*batch with norm=bn."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    a = launch(2, [*common, "norm=syncbn", f"data.batch_size={batch}", f"hydra.run.dir={two}"])
+    assert a.returncode == 0, a.stdout[-4000:]
+    b = launch(0, [*common, "norm=bn", f"data.batch_size={2 * batch}", f"hydra.run.dir={one}"])
+    assert b.returncode == 0, b.stdout[-4000:]
+    return two, one
 
 
 def test_bad_config_fails_on_every_rank_before_any_process_group(tmp_path: Path) -> None:
@@ -146,6 +157,24 @@ def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_r
     assert len(list((tmp_path / "outputs").iterdir())) == 2  # the new run went to its own dir
 
 
+def test_a_diverging_run_stops_on_every_rank_and_keeps_the_last_finite_checkpoint(tmp_path: Path) -> None:
+    """optim.lr=1e6 on 2 processes: a non-zero exit, every rank raising the error that names the step and the
+    usual causes (none left waiting in a collective), and last.pt still finite."""
+    run_dir = tmp_path / "run"
+    job = [*TINY, "norm=bn", "data.train_size=64", "data.image_size=8", "data.batch_size=4", "trainer.epochs=2",
+           "optim.lr=1e6", "trainer.checkpoint_every=1", "trainer.log_every=2", "trainer.tensorboard=false",
+           "trainer.dist_timeout_s=120", f"hydra.run.dir={run_dir}"]
+    result = launch(2, job)
+    assert result.returncode != 0
+    for rank in (0, 1):  # each rank raised by itself (torchrun would otherwise have killed a waiting one)
+        assert re.search(rf"\[rank{rank}\]: src\.engine\.finite\.NonFiniteError: training diverged: .* at (optimizer )?"
+                         r"step \d+.*Usual causes: a learning rate too high", result.stdout), result.stdout[-4000:]
+    assert "timed out" not in result.stdout.lower()
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert all(bool(torch.isfinite(v).all()) for v in last["model"].values() if v.is_floating_point())
+    assert last["step"] >= 1
+
+
 @pytest.mark.slow
 def test_float64_two_process_syncbn_equals_one_process_bn_for_50_steps(tmp_path: Path) -> None:
     """trainer.dtype=float64: W=2 x b=4 with norm=syncbn == W=1 x b=8 with norm=bn, 50 optimizer steps.
@@ -158,12 +187,7 @@ def test_float64_two_process_syncbn_equals_one_process_bn_for_50_steps(tmp_path:
     """
     common = [*TINY, "data.train_size=400", "data.val_size=16", "data.image_size=8", "trainer.epochs=1",
               "trainer.log_every=1", "trainer.tensorboard=false", "sched.warmup_epochs=0", "trainer.dtype=float64"]
-    two, one = tmp_path / "two", tmp_path / "one"
-    a = launch(2, [*common, "norm=syncbn", "data.batch_size=4", f"hydra.run.dir={two}"])
-    assert a.returncode == 0, a.stdout[-4000:]
-    b = launch(0, [*common, "norm=bn", "data.batch_size=8", f"hydra.run.dir={one}"])
-    assert b.returncode == 0, b.stdout[-4000:]
-
+    two, one = syncbn_on_two_vs_bn_on_one(tmp_path, common, batch=4)
     losses_two = [r["loss"] for r in rows(two, "train")]
     losses_one = [r["loss"] for r in rows(one, "train")]
     assert len(losses_two) == len(losses_one) == 50
@@ -198,11 +222,7 @@ def test_two_processes_syncbn_reproduce_one_process_bn_step_by_step(tmp_path: Pa
     """
     common = [*TINY, "data.train_size=128", "trainer.deterministic=true", "trainer.epochs=1",
               "trainer.log_every=1", "trainer.tensorboard=false", "optim.lr=0.02", "sched.warmup_epochs=0"]
-    two, one = tmp_path / "two", tmp_path / "one"
-    a = launch(2, [*common, "norm=syncbn", "data.batch_size=16", f"hydra.run.dir={two}"])
-    assert a.returncode == 0, a.stdout[-4000:]
-    b = launch(0, [*common, "norm=bn", "data.batch_size=32", f"hydra.run.dir={one}"])
-    assert b.returncode == 0, b.stdout[-4000:]
+    two, one = syncbn_on_two_vs_bn_on_one(tmp_path, common, batch=16)
 
     losses_two = [r["loss"] for r in rows(two, "train")]
     losses_one = [r["loss"] for r in rows(one, "train")]

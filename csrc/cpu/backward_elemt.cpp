@@ -4,6 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros_like.h>
 
+#include "../checks.h"
 #include "../ops.h"
 #include "elementwise.h"
 #include "vec_io.h"
@@ -88,8 +89,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
   check_vector(reduced, 2 * C, op, "reduced", "[sum_dy, sum_dy_xhat] per channel");
   const bool has_w = weight.has_value() && weight->defined();
   if (has_w) check_vector(*weight, C, op, "weight", "one per channel");
-  TORCH_CHECK(count.defined() && count.numel() == 1, op,
-              ": count must be a tensor holding one value (the global element count per channel)");
+  checks::count(count, input.device(), op);
   const double n = count.to(at::kDouble).item<double>();
   if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, at::MemoryFormat::Preserve);
 

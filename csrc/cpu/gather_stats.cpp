@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "../checks.h"
 #include "../ops.h"
 #include "layout.h"
 
@@ -18,12 +19,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
   const char* op = "batch_norm_gather_stats";
   TORCH_CHECK(gathered.defined() && gathered.device().is_cpu(), op,
               ": gathered must be a CPU tensor");
-  TORCH_CHECK(gathered.scalar_type() == at::kDouble, op, ": gathered must be float64, got ",
-              gathered.scalar_type());
-  TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1, op,
-              ": gathered must have shape [world_size, 2*C+1] (rows of [count, mean_0..C-1, "
-              "m2_0..C-1]), got ", gathered.sizes());
-  const int64_t C = (gathered.size(1) - 1) / 2;
+  const int64_t C = checks::gathered_rows(gathered, op);
+  checks::running_stats(running_mean, running_var, num_batches_tracked, momentum, C, gathered.device(), op);
+  const bool has_rm = running_mean.has_value() && running_mean->defined();
+  double f = momentum;
+  if (has_rm && momentum < 0) {
+    const int64_t k = num_batches_tracked->item<int64_t>();
+    TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
+    f = 1.0 / static_cast<double>(k);
+  }
   const int64_t W = gathered.size(0);
   const at::Tensor g = gathered.contiguous();
   const double* p = g.const_data_ptr<double>();
@@ -31,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
 
   double n = 0.0;
   for (int64_t r = 0; r < W; ++r) {
-    TORCH_CHECK(p[r * cols] >= 0.0, op, ": row ", r, " has a negative count ", p[r * cols]);
+    TORCH_CHECK(p[r * cols] >= 0.0, op, ": row ", r, " has count ", p[r * cols], "; counts must be >= 0");
     n += p[r * cols];
   }
   const auto acc = acc_double ? at::kDouble : at::kFloat;
@@ -61,22 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
   mean.copy_(mean_d);
   invstd.copy_(invstd_d);
 
-  const bool has_rm = running_mean.has_value() && running_mean->defined();
-  const bool has_rv = running_var.has_value() && running_var->defined();
-  TORCH_CHECK(has_rm == has_rv, op, ": running_mean and running_var must be given together");
   if (has_rm) {
-    detail::check_vector(*running_mean, C, op, "running_mean", "one per channel");
-    detail::check_vector(*running_var, C, op, "running_var", "one per channel");
-    double f = momentum;
-    if (momentum < 0) {
-      TORCH_CHECK(num_batches_tracked.has_value() && num_batches_tracked->defined(), op,
-                  ": momentum < 0 (cumulative average) needs num_batches_tracked");
-      TORCH_CHECK(num_batches_tracked->numel() == 1, op,
-                  ": num_batches_tracked must hold one value, got shape ", num_batches_tracked->sizes());
-      const int64_t k = num_batches_tracked->item<int64_t>();
-      TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
-      f = 1.0 / static_cast<double>(k);
-    }
     at::Tensor unbiased = m2_d.div(n - 1.0);
     running_mean->mul_(1.0 - f).add_(mean_d.mul(f).to(running_mean->scalar_type()));
     running_var->mul_(1.0 - f).add_(unbiased.mul(f).to(running_var->scalar_type()));

@@ -4,8 +4,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "launch.cuh"
 #include "../ops.h"
@@ -16,18 +14,19 @@ namespace {
 
 template <typename T, typename P, typename acc_t>
 struct BackwardArgs {
-  const T* __restrict__ dy;
-  const T* __restrict__ x;
-  T* __restrict__ dx;
-  const acc_t* __restrict__ mean;
-  const acc_t* __restrict__ invstd;
-  const P* __restrict__ weight;    // nullptr: 1
-  const acc_t* __restrict__ reduced;  // [sum_dy(C), sum_dy_xhat(C)], all-reduced
-  const double* __restrict__ count;   // 0-d, global count per channel
+  SYNCBN_PTR(const T) dy;
+  SYNCBN_PTR(const T) x;
+  SYNCBN_PTR(T) dx;
+  SYNCBN_PTR(const acc_t) mean;
+  SYNCBN_PTR(const acc_t) invstd;
+  SYNCBN_PTR(const P) weight;       // nullptr: 1
+  SYNCBN_PTR(const acc_t) reduced;  // [sum_dy(C), sum_dy_xhat(C)], all-reduced
+  SYNCBN_PTR(const double) count;   // 0-d, global count per channel
 };
 
 // Per-channel coefficients: dx = a * (dy - mdy - (x - mu) * k). A zero global count (every rank empty)
-// gives dx = 0, as the contract says, without dividing by it.
+// gives dx = 0, as the contract says, without dividing by it: the kernels store zeros then (a = 0 alone
+// would turn an inf or NaN in x or dy into NaN).
 template <typename T, typename P, typename acc_t>
 __device__ __forceinline__ void channel_coefficients(const BackwardArgs<T, P, acc_t>& p, int64_t C, int64_t c,
                                                      acc_t inv_n, acc_t& mu, acc_t& a, acc_t& mdy, acc_t& k) {
@@ -39,7 +38,7 @@ __device__ __forceinline__ void channel_coefficients(const BackwardArgs<T, P, ac
 }
 
 template <typename acc_t>
-__device__ __forceinline__ acc_t inverse_count(const double* count) {
+__device__ __forceinline__ acc_t inverse_count(SYNCBN_PTR(const double) count) {
   const double n = *count;
   return n > 0.0 ? acc_t(1.0 / n) : acc_t(0);
 }
@@ -51,8 +50,10 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_first_kernel
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
   const int64_t sv = S / VEC;
+  const acc_t inv_n = inverse_count<acc_t>(p.count);
+  const bool none = !(inv_n > acc_t(0));
   acc_t mu, a, mdy, k;
-  channel_coefficients(p, C, c, inverse_count<acc_t>(p.count), mu, a, mdy, k);
+  channel_coefficients(p, C, c, inv_n, mu, a, mdy, k);
   const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
   for (int64_t n = r.n0; n < N; n += r.n_step) {
     const int64_t plane = (n * C + c) * S;
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_first_kernel
           Vec<T, VEC> o;
 #pragma unroll
           for (int i = 0; i < VEC; ++i)
-            o.val[i] = T(a * (acc_t(g[u].val[i]) - mdy - (acc_t(v[u].val[i]) - mu) * k));
+            o.val[i] = none ? T(0) : T(a * (acc_t(g[u].val[i]) - mdy - (acc_t(v[u].val[i]) - mu) * k));
           store_vec<T, VEC>(p.dx + plane + (s + u * bx) * VEC, o);
         }
       }
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_last_kernel(
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   if (c0 >= C) return;  // no barrier in this kernel
   const acc_t inv_n = inverse_count<acc_t>(p.count);
+  const bool none = !(inv_n > acc_t(0));
   acc_t mu[VEC], a[VEC], mdy[VEC], k[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) channel_coefficients(p, C, c0 + i, inv_n, mu[i], a[i], mdy[i], k[i]);
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_last_kernel(
         Vec<T, VEC> o;
 #pragma unroll
         for (int i = 0; i < VEC; ++i)
-          o.val[i] = T(a[i] * (acc_t(g[u].val[i]) - mdy[i] - (acc_t(v[u].val[i]) - mu[i]) * k[i]));
+          o.val[i] = none ? T(0) : T(a[i] * (acc_t(g[u].val[i]) - mdy[i] - (acc_t(v[u].val[i]) - mu[i]) * k[i]));
         store_vec<T, VEC>(p.dx + (m + u * stride) * C + c0, o);
       }
     }
@@ -117,9 +119,9 @@ void launch_backward_elemt(const BackwardArgs<T, P, at::opmath_type<T>>& p, cons
   const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
-    backward_elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.rows(), l.c, geo.splits);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_elemt_channels_last_kernel<T, P, VEC>)(p, l.rows(), l.c, geo.splits);
   else
-    backward_elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(p, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_elemt_channels_first_kernel<T, P, VEC>)(p, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -132,26 +134,21 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
                                      const at::Tensor& reduced, const at::Tensor& count) {
   using namespace detail;
   constexpr const char* kOp = "batch_norm_backward_elemt";
-  check_input(input, kOp);
+  const Layout l = check_input(input, kOp);
+  checks::like_input(grad_out, input, l.format, kOp, "grad_out");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
-  const at::Tensor dy = like_layout(grad_out, x, l, "batch_norm_backward_elemt: grad_out");
-  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "batch_norm_backward_elemt: grad_out must have the input's dtype ",
-              x.scalar_type(), ", got ", dy.scalar_type());
-  at::Tensor dx = at::empty_like(x);  // x is dense, so dx gets exactly x's strides
-  if (x.numel() == 0) return dx;
+  const at::Tensor& x = input;
+  const at::Tensor& dy = grad_out;
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_backward_elemt: mean");
-  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_backward_elemt: invstd");
-  TORCH_CHECK(reduced.defined() && reduced.numel() == 2 * l.c && reduced.device() == x.device(), kOp,
-              ": reduced must be the packed [sum_dy(C), sum_dy_xhat(C)] tensor (", 2 * l.c, " values) on ",
-              x.device(), ", got ", reduced.defined() ? reduced.sizes() : at::IntArrayRef{});
-  const at::Tensor reduced_a = reduced.to(acc).contiguous();
-  TORCH_CHECK(count.defined() && count.numel() == 1 && count.device() == x.device(), kOp,
-              ": count must be the one-element global count on ", x.device(), " (from batch_norm_gather_stats)");
-  const at::Tensor count_d = count.to(at::kDouble).contiguous();
+  const at::Tensor mean_a = channel_vector(mean, x, acc, kOp, "mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, kOp, "invstd");
+  checks::vector(reduced, 2 * l.c, x.device(), kOp, "reduced", "[sum_dy, sum_dy_xhat] per channel");
   const Affine affine = prepare_affine(weight, std::nullopt, x, acc, kOp);
+  checks::count(count, x.device(), kOp);
+  at::Tensor dx = empty_like_input(x, l);
+  if (x.numel() == 0) return dx;
+  const at::Tensor reduced_a = reduced.to(acc).contiguous();
+  const at::Tensor count_d = count.to(at::kDouble).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_backward_elemt_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     dispatch_param_type<scalar_t, acc_t>(affine.native, [&](auto tag) {
@@ -161,7 +158,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
                                                invstd_a.const_data_ptr<acc_t>(), ptr_or_null<P>(affine.weight),
                                                reduced_a.const_data_ptr<acc_t>(), count_d.const_data_ptr<double>()};
       constexpr int kVec = kVecBytes / sizeof(scalar_t);
-      if (can_vectorize(l, kVec, {p.dy, p.x, p.dx}))
+      if (can_vectorize(l, kVec, {dy.const_data_ptr(), x.const_data_ptr(), dx.const_data_ptr()}))
         launch_backward_elemt<scalar_t, P, kVec>(p, l, x.get_device());
       else
         launch_backward_elemt<scalar_t, P, 1>(p, l, x.get_device());

@@ -6,8 +6,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "launch.cuh"
 #include "../ops.h"
@@ -18,12 +16,12 @@ namespace {
 
 template <typename T>
 struct ReduceArgs {
-  const T* __restrict__ dy;
-  const T* __restrict__ x;
-  const at::opmath_type<T>* __restrict__ mean;
-  const at::opmath_type<T>* __restrict__ invstd;
-  at::opmath_type<T>* __restrict__ out;  // [2C]
-  double* __restrict__ partial;          // [2][C][splits] when splits > 1
+  SYNCBN_PTR(const T) dy;
+  SYNCBN_PTR(const T) x;
+  SYNCBN_PTR(const at::opmath_type<T>) mean;
+  SYNCBN_PTR(const at::opmath_type<T>) invstd;
+  SYNCBN_PTR(at::opmath_type<T>) out;  // [2C]
+  SYNCBN_PTR(double) partial;          // [2][C][splits] when splits > 1
 };
 
 // sum(dy * xhat) = invstd * sum(dy * (x - mean)): the kernels sum dy * (x - mean) and scale once.
@@ -123,8 +121,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per channel sums the `splits` float64 partials.
 template <typename acc_t>
-__global__ void backward_reduce_finalize_kernel(const double* __restrict__ partial, int64_t C, int splits,
-                                                const acc_t* __restrict__ invstd, acc_t* __restrict__ out) {
+__global__ void backward_reduce_finalize_kernel(SYNCBN_PTR(const double) partial, int64_t C, int splits,
+                                                SYNCBN_PTR(const acc_t) invstd, SYNCBN_PTR(acc_t) out) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (c >= C) return;  // the whole warp shares c
   SumPair<double, 1> st;
@@ -151,14 +149,14 @@ void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, con
     args.partial = partial.data_ptr<double>();
   }
   if (l.channels_last)
-    backward_reduce_channels_last_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_reduce_channels_last_kernel<T, VEC>)(args, l.rows(), l.c, geo.splits);
   else
-    backward_reduce_channels_first_kernel<T, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_reduce_channels_first_kernel<T, VEC>)(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (geo.splits > 1) {
     const dim3 block(32, kFinalizeWarps);
     const dim3 grid(unsigned(ceil_div(l.c, kFinalizeWarps)));
-    backward_reduce_finalize_kernel<acc_t><<<grid, block, 0, stream>>>(args.partial, l.c, geo.splits, args.invstd, args.out);
+    SYNCBN_LAUNCH(grid, block, 0, stream, backward_reduce_finalize_kernel<acc_t>)(args.partial, l.c, geo.splits, args.invstd, args.out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -169,18 +167,17 @@ void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, con
 at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tensor& input,
                                       const at::Tensor& mean, const at::Tensor& invstd) {
   using namespace detail;
-  check_input(input, "batch_norm_backward_reduce");
+  constexpr const char* kOp = "batch_norm_backward_reduce";
+  const Layout l = check_input(input, kOp);
+  checks::like_input(grad_out, input, l.format, kOp, "grad_out");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
-  const at::Tensor dy = like_layout(grad_out, x, l, "batch_norm_backward_reduce: grad_out");
-  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "batch_norm_backward_reduce: grad_out must have the input's dtype ",
-              x.scalar_type(), ", got ", dy.scalar_type());
+  const at::Tensor& x = input;
+  const at::Tensor& dy = grad_out;
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor mean_a = channel_vector(mean, x, acc, kOp, "mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, kOp, "invstd");
   const auto opts = x.options().dtype(acc).memory_format(at::MemoryFormat::Contiguous);
   if (x.numel() == 0) return at::zeros({2 * l.c}, opts);
-  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_backward_reduce: mean");
-  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_backward_reduce: invstd");
   at::Tensor out = at::empty({2 * l.c}, opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_backward_reduce_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -188,7 +185,7 @@ at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tens
                                     mean_a.const_data_ptr<acc_t>(), invstd_a.const_data_ptr<acc_t>(),
                                     out.data_ptr<acc_t>(), nullptr};
     constexpr int kVec = kVecBytes / sizeof(scalar_t);
-    if (can_vectorize(l, kVec, {args.dy, args.x}))
+    if (can_vectorize(l, kVec, {dy.const_data_ptr(), x.const_data_ptr()}))
       launch_backward_reduce<scalar_t, kVec>(args, l, x.get_device(), x);
     else
       launch_backward_reduce<scalar_t, 1>(args, l, x.get_device(), x);

@@ -6,8 +6,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "launch.cuh"
 #include "../ops.h"
@@ -18,17 +16,17 @@ namespace {
 
 template <typename T, typename P, typename acc_t>
 struct ElemtArgs {
-  const T* __restrict__ x;
-  T* __restrict__ y;
-  const P* __restrict__ weight;  // nullptr: 1
-  const P* __restrict__ bias;    // nullptr: 0
-  const acc_t* __restrict__ mean;
-  const acc_t* __restrict__ invstd;
+  SYNCBN_PTR(const T) x;
+  SYNCBN_PTR(T) y;
+  SYNCBN_PTR(const P) weight;  // nullptr: 1
+  SYNCBN_PTR(const P) bias;    // nullptr: 0
+  SYNCBN_PTR(const acc_t) mean;
+  SYNCBN_PTR(const acc_t) invstd;
 };
 
 template <typename P, typename acc_t>
-__device__ __forceinline__ void channel_affine(const P* weight, const P* bias, const acc_t* mean,
-                                               const acc_t* invstd, int64_t c, acc_t& mu, acc_t& scale,
+__device__ __forceinline__ void channel_affine(SYNCBN_PTR(const P) weight, SYNCBN_PTR(const P) bias, SYNCBN_PTR(const acc_t) mean,
+                                               SYNCBN_PTR(const acc_t) invstd, int64_t c, acc_t& mu, acc_t& scale,
                                                acc_t& shift) {
   mu = mean[c];
   scale = invstd[c] * (weight != nullptr ? acc_t(weight[c]) : acc_t(1));
@@ -98,9 +96,9 @@ void launch_elemt(const ElemtArgs<T, P, at::opmath_type<T>>& args, const Layout&
   const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
-    elemt_channels_last_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.rows(), l.c, geo.splits);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, elemt_channels_last_kernel<T, P, VEC>)(args, l.rows(), l.c, geo.splits);
   else
-    elemt_channels_first_kernel<T, P, VEC><<<geo.grid, geo.block, 0, stream>>>(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, elemt_channels_first_kernel<T, P, VEC>)(args, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -112,16 +110,15 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
                             const at::Tensor& invstd) {
   using namespace detail;
   constexpr const char* kOp = "batch_norm_elemt";
-  check_input(input, kOp);
+  const Layout l = check_input(input, kOp);
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
-  at::Tensor y = at::empty_like(x);  // x is dense, so y gets exactly x's strides
-  if (x.numel() == 0) return y;
+  const at::Tensor& x = input;
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor mean_a = channel_vector(mean, x, acc, "batch_norm_elemt: mean");
-  const at::Tensor invstd_a = channel_vector(invstd, x, acc, "batch_norm_elemt: invstd");
+  const at::Tensor mean_a = channel_vector(mean, x, acc, kOp, "mean");
+  const at::Tensor invstd_a = channel_vector(invstd, x, acc, kOp, "invstd");
   const Affine affine = prepare_affine(weight, bias, x, acc, kOp);
+  at::Tensor y = empty_like_input(x, l);
+  if (x.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_batch_norm_elemt_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     dispatch_param_type<scalar_t, acc_t>(affine.native, [&](auto tag) {
@@ -130,7 +127,7 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
                                                ptr_or_null<P>(affine.weight), ptr_or_null<P>(affine.bias),
                                                mean_a.const_data_ptr<acc_t>(), invstd_a.const_data_ptr<acc_t>()};
       constexpr int kVec = kVecBytes / sizeof(scalar_t);
-      if (can_vectorize(l, kVec, {args.x, args.y}))
+      if (can_vectorize(l, kVec, {x.const_data_ptr(), y.const_data_ptr()}))
         launch_elemt<scalar_t, P, kVec>(args, l, x.get_device());
       else
         launch_elemt<scalar_t, P, 1>(args, l, x.get_device());

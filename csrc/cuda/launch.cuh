@@ -3,8 +3,6 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAException.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,18 +11,20 @@
 #include <string>
 #include <type_traits>
 
+#include "../checks.h"
 #include "reduce.cuh"
 
 namespace syncbn::cuda::detail {
 
 // The kernels see x either as channels-first (N rows of C planes of S contiguous values: contiguous
 // NCHW/NCDHW/NCL) or channels-last (M = N*S rows of C contiguous channels: channels_last,
-// channels_last_3d, a (N, L, C) tensor transposed to (N, C, L), and plain (N, C)).
+// channels_last_3d, plain (N, C) and S == 1).
 struct Layout {
   bool channels_last;
-  int64_t n;  // batch size N
-  int64_t c;  // channels C
-  int64_t s;  // spatial size S = prod(sizes[2:]) (1 for 2-D input)
+  at::MemoryFormat format;  // the format x is contiguous in (grad_out must share it)
+  int64_t n;                // batch size N
+  int64_t c;                // channels C
+  int64_t s;                // spatial size S = prod(sizes[2:]) (1 for 2-D input)
   int64_t rows() const { return n * s; }
 };
 
@@ -36,63 +36,36 @@ inline int64_t next_pow2(int64_t v) {
   return p;
 }
 
-// True when t's memory is [N, spatial..., C] dense (channels innermost), ignoring strides of size-1 dims.
-inline bool is_channels_last_dense(const at::Tensor& t) {
-  if (t.dim() < 2) return false;
-  int64_t expected = 1;
-  if (t.size(1) != 1 && t.stride(1) != expected) return false;
-  expected = t.size(1);
-  for (int64_t d = t.dim() - 1; d >= 2; --d) {
-    if (t.size(d) != 1 && t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return t.size(0) == 1 || t.stride(0) == expected;
-}
-
-inline void check_input(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(x.defined() && x.is_cuda(), op, ": expected a CUDA input tensor, got ",
-              x.defined() ? x.device().str() : "an undefined tensor");
-  TORCH_CHECK(x.dim() >= 2, op, ": expected input of shape (N, C, *) with at least 2 dims, got ", x.sizes());
-  const auto t = x.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op,
-              ": supports float32, float64, float16 and bfloat16 input, got ", t);
-}
-
-// x itself when the kernels can walk it directly, else one dense copy in its suggested memory format.
-inline at::Tensor dense_input(const at::Tensor& x) {
-  if (x.is_contiguous() || is_channels_last_dense(x)) return x;
-  return x.contiguous(x.suggest_memory_format());
-}
-
-inline Layout layout_of(const at::Tensor& x) {
+// Checks x like every backend does (csrc/checks.h) and classifies its layout. Other strides are the
+// caller's to densify (SyncBatchNorm does, in the format PyTorch suggests): a hidden copy here would
+// cost a pass over memory the caller cannot see.
+inline Layout check_input(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.defined(), op, ": input is undefined");
+  TORCH_CHECK(simt::is_device_tensor(x), op, ": expected a CUDA input tensor, got one on ", x.device());
   Layout l;
+  l.format = checks::input_format(x, op);
   l.n = x.size(0);
   l.c = x.size(1);
   l.s = 1;
   for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
   // S == 1 ((N, C) or (N, C, 1, 1)): channels-last is the coalesced walk, and both layouts coincide.
-  l.channels_last = !(x.is_contiguous() && l.s != 1);
-  TORCH_INTERNAL_ASSERT(!l.channels_last || is_channels_last_dense(x), "syncbn: input is not dense");
+  l.channels_last = l.format != at::MemoryFormat::Contiguous || l.s == 1;
   return l;
 }
 
-// `t` (same shape as x) with x's element order, copying only when its strides differ (e.g. a contiguous
-// grad_output for a channels_last input).
-inline at::Tensor like_layout(const at::Tensor& t, const at::Tensor& x, const Layout& l, const char* what) {
-  TORCH_CHECK(t.defined() && t.sizes() == x.sizes(), what, " must have the input's shape ", x.sizes(),
-              ", got ", t.defined() ? t.sizes() : at::IntArrayRef{});
-  TORCH_CHECK(t.device() == x.device(), what, " must be on ", x.device(), ", got ", t.device());
-  if (l.channels_last ? is_channels_last_dense(t) : t.is_contiguous()) return t;
-  // empty_like keeps x's strides (x is dense), so the copy is laid out exactly like x.
-  return at::empty_like(x, t.options()).copy_(t);
+// A checked per-channel vector of C values, as a contiguous tensor of `dtype` (converted only when needed).
+inline at::Tensor channel_vector(const at::Tensor& v, const at::Tensor& x, at::ScalarType dtype, const char* op,
+                                 const char* name) {
+  checks::vector(v, x.size(1), x.device(), op, name, "one per channel");
+  return v.to(dtype).contiguous();
 }
 
-// A per-channel [C] vector on x's device in dtype `dtype` (converted only when needed).
-inline at::Tensor channel_vector(const at::Tensor& v, const at::Tensor& x, at::ScalarType dtype, const char* what) {
-  TORCH_CHECK(v.defined() && v.numel() == x.size(1), what, " must have one value per channel (", x.size(1),
-              "), got shape ", v.defined() ? v.sizes() : at::IntArrayRef{});
-  TORCH_CHECK(v.device() == x.device(), what, " must be on ", x.device(), ", got ", v.device());
-  return v.to(dtype).contiguous().view({-1});
+// Output in x's layout, with x's exact strides where they are dense (so channels_last stays channels_last
+// even where the format is ambiguous: C == 1, H == W == 1, empty), as the CPU backend allocates it.
+inline at::Tensor empty_like_input(const at::Tensor& x, const Layout& l) {
+  at::Tensor out = at::empty_like(x);
+  if (!out.is_contiguous(l.format)) out = at::empty_like(x, l.format);
+  return out;
 }
 
 inline bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
@@ -189,11 +162,13 @@ struct Affine {
 inline Affine prepare_affine(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                              const at::Tensor& x, at::ScalarType acc, const char* op) {
   Affine a{present(weight) ? *weight : at::Tensor(), present(bias) ? *bias : at::Tensor(), true};
+  if (a.weight.defined()) checks::vector(a.weight, x.size(1), x.device(), op, "weight", "one per channel");
+  if (a.bias.defined()) checks::vector(a.bias, x.size(1), x.device(), op, "bias", "one per channel");
   for (const at::Tensor* t : {&a.weight, &a.bias})
     if (t->defined() && t->scalar_type() != x.scalar_type()) a.native = false;
   const auto dtype = a.native ? x.scalar_type() : acc;
-  if (a.weight.defined()) a.weight = channel_vector(a.weight, x, dtype, (std::string(op) + ": weight").c_str());
-  if (a.bias.defined()) a.bias = channel_vector(a.bias, x, dtype, (std::string(op) + ": bias").c_str());
+  if (a.weight.defined()) a.weight = a.weight.to(dtype).contiguous();
+  if (a.bias.defined()) a.bias = a.bias.to(dtype).contiguous();
   return a;
 }
 

@@ -1,8 +1,9 @@
 // Device building blocks shared by the SyncBN kernels: aligned vector loads, per-thread Welford and sum
 // states, and the block reduction (warp shuffles, then shared memory across warps).
 #pragma once
-#include <cuda_runtime.h>
 #include <cstdint>
+
+#include "runtime.cuh"
 
 namespace syncbn::cuda::detail {
 
@@ -21,13 +22,13 @@ struct alignas(sizeof(T) * V) Vec {
 };
 
 template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, V>*>(p);
+__device__ __forceinline__ Vec<T, V> load_vec(SYNCBN_PTR(const T) p) {
+  return simt::device_load<Vec<T, V>>(p);
 }
 
 template <typename T, int V>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
-  *reinterpret_cast<Vec<T, V>*>(p) = v;
+__device__ __forceinline__ void store_vec(SYNCBN_PTR(T) p, const Vec<T, V>& v) {
+  simt::device_store<Vec<T, V>>(p, v);
 }
 
 // The part of one channel a channels-first block walks: planes n = n0, n0 + n_step, ... and, in each,

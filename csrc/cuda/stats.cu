@@ -7,8 +7,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "launch.cuh"
 #include "../ops.h"
@@ -20,7 +18,7 @@ namespace {
 // Writes one channel's result: straight into `out` when the channel had a single block, else into the
 // float64 partials [3][C][splits] that stats_finalize_kernel merges.
 template <typename acc_t>
-__device__ __forceinline__ void store_stats(double* out, double* partial, int64_t C, int splits, int64_t c,
+__device__ __forceinline__ void store_stats(SYNCBN_PTR(double) out, SYNCBN_PTR(double) partial, int64_t C, int splits, int64_t c,
                                             int64_t g, acc_t n, acc_t mean, acc_t m2) {
   if (splits == 1) {
     out[1 + c] = double(mean);
@@ -34,8 +32,8 @@ __device__ __forceinline__ void store_stats(double* out, double* partial, int64_
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    stats_channels_first_kernel(const T* __restrict__ x, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk,
-                                double* __restrict__ partial, double* __restrict__ out, double count) {
+    stats_channels_first_kernel(SYNCBN_PTR(const T) x, int64_t N, int64_t C, int64_t S, int splits, int s_splits, int64_t chunk,
+                                SYNCBN_PTR(double) partial, SYNCBN_PTR(double) out, double count) {
   using acc_t = at::opmath_type<T>;
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
@@ -44,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
   st.reset();
   const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
   for (int64_t n = r.n0; n < N; n += r.n_step) {
-    const T* plane = x + (n * C + c) * S;
+    const auto plane = x + (n * C + c) * S;
     for (int64_t s = r.s0; s < r.s1; s += int64_t(kUnroll) * bx) {
       Vec<T, VEC> v[kUnroll];
 #pragma unroll
@@ -79,8 +77,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    stats_channels_last_kernel(const T* __restrict__ x, int64_t M, int64_t C, int splits,
-                               double* __restrict__ partial, double* __restrict__ out, double count) {
+    stats_channels_last_kernel(SYNCBN_PTR(const T) x, int64_t M, int64_t C, int splits,
+                               SYNCBN_PTR(double) partial, SYNCBN_PTR(double) out, double count) {
   using acc_t = at::opmath_type<T>;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   const bool active = c0 < C;
@@ -123,8 +121,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One warp per channel merges the `splits` float64 partials of stats_*_kernel.
-__global__ void stats_finalize_kernel(const double* __restrict__ partial, int64_t C, int splits,
-                                      double* __restrict__ out, double count) {
+__global__ void stats_finalize_kernel(SYNCBN_PTR(const double) partial, int64_t C, int splits,
+                                      SYNCBN_PTR(double) out, double count) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) out[0] = count;
   const int64_t c = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (c >= C) return;  // the whole warp shares c, so the shuffles below stay full-warp
@@ -157,17 +155,17 @@ void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, d
   }
   const T* x_ptr = x.const_data_ptr<T>();
   if (l.channels_last) {
-    stats_channels_last_kernel<T, VEC>
-        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.rows(), l.c, geo.splits, partial_ptr, out_ptr, count);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, stats_channels_last_kernel<T, VEC>)(
+        x_ptr, l.rows(), l.c, geo.splits, partial_ptr, out_ptr, count);
   } else {
-    stats_channels_first_kernel<T, VEC>
-        <<<geo.grid, geo.block, 0, stream>>>(x_ptr, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk, partial_ptr, out_ptr, count);
+    SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, stats_channels_first_kernel<T, VEC>)(
+        x_ptr, l.n, l.c, l.s, geo.splits, geo.s_splits, geo.chunk, partial_ptr, out_ptr, count);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (geo.splits > 1) {
     const dim3 block(32, kFinalizeWarps);
     const dim3 grid(unsigned(ceil_div(l.c, kFinalizeWarps)));
-    stats_finalize_kernel<<<grid, block, 0, stream>>>(partial_ptr, l.c, geo.splits, out_ptr, count);
+    SYNCBN_LAUNCH(grid, block, 0, stream, stats_finalize_kernel)(partial_ptr, l.c, geo.splits, out_ptr, count);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -177,10 +175,9 @@ void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, d
 
 at::Tensor batch_norm_stats(const at::Tensor& input) {
   using namespace detail;
-  check_input(input, "batch_norm_stats");
+  const Layout l = check_input(input, "batch_norm_stats");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = dense_input(input);
-  const Layout l = layout_of(x);
+  const at::Tensor& x = input;
   const auto opts = x.options().dtype(at::kDouble).memory_format(at::MemoryFormat::Contiguous);
   // Empty batch (or C == 0): count = mean = m2 = 0, and no kernel with an empty grid.
   if (x.numel() == 0) return at::zeros({2 * l.c + 1}, opts);

@@ -1,4 +1,5 @@
-"""Data: datasets (embedded shapes, CIFAR, ImageFolder, VOC, Cityscapes), transforms, samplers, loaders.
+"""Data: datasets (embedded shapes, CIFAR, ImageFolder, VOC, Cityscapes, your own folders), transforms, samplers,
+loaders. Every dataset is registered once in DATASETS (src/data/registry.py) by its module in src/data/datasets/.
 
     bundle = build_datasets(cfg.data, seed=cfg.seed)
     train_loader = build_train_loader(bundle.train, cfg.data, rank, world_size, seed=cfg.seed)
@@ -15,17 +16,17 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.classification import build_classification
-from src.data.config import CLASSIFICATION_DATASETS, DataConfig, coerce, dataset_task
+import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
+from src.data.config import DataConfig, coerce
+from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.seg_transforms import IGNORE_INDEX, segmentation_eval_transform, segmentation_train_transform
-from src.data.segmentation import build_segmentation
 from src.data.transforms import classification_eval_transform, classification_train_transform
 
 __all__ = [
-    "DataBundle", "DataConfig", "ExactEvalSampler", "TrainBatchSampler", "build_datasets", "build_eval_loader",
-    "build_train_loader", "dataset_task", "set_loader_epoch",
+    "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
+    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch",
 ]
 
 
@@ -49,20 +50,24 @@ def build_datasets(data_cfg: Any, seed: int) -> DataBundle:
     """
     cfg = coerce(data_cfg)
     cfg.validate()
-    if cfg.name in CLASSIFICATION_DATASETS:
-        train, val, names = build_classification(cfg)
-        task, same_size = "classification", True
+    entry = dataset_entry(cfg.name)
+    splits: Splits = entry.builder(cfg)
+    if entry.task == "classification":
         train_tf, eval_tf = classification_train_transform(cfg), classification_eval_transform(cfg)
+        same_size = True  # the transforms crop every image to data.image_size
     else:
-        train, val, names, same_size = build_segmentation(cfg)
-        task = "segmentation"
         train_tf, eval_tf = segmentation_train_transform(cfg), segmentation_eval_transform(cfg)
+        same_size = splits.val_same_size
+    names = list(splits.class_names)
+    if cfg.num_classes is not None and cfg.num_classes != len(names):
+        raise ValueError(f"data.num_classes={cfg.num_classes} but {cfg.name} has {len(names)} classes; "
+                         "remove the override (it is derived)")
     return DataBundle(
         # The training crops all have one size when augmenting; without augmentation they have the images' sizes.
-        train=SeededTransformDataset(train, train_tf, seed, same_size=same_size or cfg.augment),
-        val=SeededTransformDataset(val, eval_tf, seed, same_size=same_size),
+        train=SeededTransformDataset(splits.train, train_tf, seed, same_size=same_size or cfg.augment),
+        val=SeededTransformDataset(splits.val, eval_tf, seed, same_size=same_size),
         num_classes=len(names),
-        task=task,
+        task=entry.task,
         ignore_index=IGNORE_INDEX,
         class_names=names,
     )

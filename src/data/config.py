@@ -5,24 +5,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from src.data.shapes import MAX_CLASSES
+from src.data.registry import DATASETS, dataset_entry
 from src.dataclass_config import to_dataclass
-
-CLASSIFICATION_DATASETS = ("shapes", "cifar10", "cifar100", "imagefolder")
-SEGMENTATION_DATASETS = ("shapes_seg", "voc", "cityscapes")
-DATASETS = CLASSIFICATION_DATASETS + SEGMENTATION_DATASETS
-
-
-def dataset_task(name: str) -> str:
-    """"classification" or "segmentation": the task of dataset `name` (ValueError for an unknown name)."""
-    if name not in DATASETS:
-        raise ValueError(f"data.name must be one of {', '.join(DATASETS)}, got {name!r}")
-    return "segmentation" if name in SEGMENTATION_DATASETS else "classification"
-
-# Datasets whose class count is fixed by the dataset itself.
-FIXED_NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "voc": 21, "cityscapes": 19}
-# Datasets torchvision can download (Cityscapes needs a login, ImageNet a licence).
-DOWNLOADABLE = ("cifar10", "cifar100", "voc")
 
 
 @dataclass
@@ -75,23 +59,26 @@ class DataConfig:
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
 
-    # Dataset-specific: ImageFolder sub-folders, Cityscapes annotation mode.
+    # Sub-folders (imagefolder, segfolder), image sets (VOC) or splits (Cityscapes) to train and validate on.
     train_split: str = "train"
     val_split: str = "val"
+    # segfolder: masks/<image path without extension><mask_suffix>.png, e.g. "_mask" for a_mask.png.
+    mask_suffix: str = ""
+    # segfolder: one class name per line (line k names mask value k); relative paths are relative to
+    # data.root; null = <root>/classes.txt when present, else classes numbered 0..num_classes-1.
+    classes_file: Optional[str] = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key and how to fix it."""
-        if self.name not in DATASETS:
-            raise ValueError(f"data.name must be one of {', '.join(DATASETS)}, got {self.name!r} "
-                             "(pick a file from conf/data/, e.g. data=shapes)")
+        entry = dataset_entry(self.name)  # ValueError listing every registered data.name
         for key in ("batch_size", "eval_batch_size", "train_size", "val_size", "prefetch_factor"):
             _at_least(key, getattr(self, key), 1)
         for key in ("num_workers", "crop_padding", "base_size", "generator_seed"):
             _at_least(key, getattr(self, key), 0)
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
-        if self.name == "imagefolder":  # evaluation resizes, then centre-crops image_size
-            _at_least("resize_size", self.resize_size, self.image_size)
+        if entry.info.get("varying_sizes") and entry.task == "classification":
+            _at_least("resize_size", self.resize_size, self.image_size)  # eval: Resize, then CenterCrop
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
         if not 0 <= self.color_jitter <= 1:
@@ -110,29 +97,20 @@ class DataConfig:
             raise ValueError(f"data.min_shape_size and data.max_shape_size must satisfy "
                              f"0.02 <= min_shape_size <= max_shape_size <= 0.5, got {self.min_shape_size} "
                              f"and {self.max_shape_size}")
-        self._validate_num_classes()
-        if self.download and self.name not in DOWNLOADABLE:
+        fixed, n = entry.info.get("num_classes"), self.num_classes
+        if fixed is not None and n is not None and n != fixed:
+            raise ValueError(f"data.num_classes={n} does not match {self.name}, which has {fixed} classes; "
+                             "remove the override (it is derived)")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+            raise ValueError(f"data.num_classes must be an integer >= 2 or null (derived from the dataset), got {n!r}")
+        if self.download and not entry.info.get("download"):
+            downloadable = [e.name for e in DATASETS if e.info.get("download")]
             raise ValueError(f"data.download=true is not possible for data.name={self.name}: "
-                             f"only {', '.join(DOWNLOADABLE)} can be downloaded; put the files under data.root "
+                             f"only {', '.join(downloadable)} can be downloaded; put the files under data.root "
                              "(see docs/data.md) and set data.download=false")
-
-    def _validate_num_classes(self) -> None:
-        n = self.num_classes
-        if self.name == "shapes":
-            if n is not None and not 2 <= n <= MAX_CLASSES:
-                raise ValueError(f"data.num_classes for shapes must be in 2..{MAX_CLASSES} "
-                                 f"(the number of shape kinds), got {n}")
-        elif self.name == "shapes_seg":
-            if n is not None and not 3 <= n <= MAX_CLASSES + 1:
-                raise ValueError(f"data.num_classes for shapes_seg must be in 3..{MAX_CLASSES + 1} "
-                                 f"(background + 2..{MAX_CLASSES} shape kinds), got {n}")
-        elif self.name in FIXED_NUM_CLASSES:
-            fixed = FIXED_NUM_CLASSES[self.name]
-            if n is not None and n != fixed:
-                raise ValueError(f"data.num_classes={n} does not match {self.name}, which has {fixed} classes; "
-                                 "remove the override (it is derived)")
-        elif n is not None and n < 2:
-            raise ValueError(f"data.num_classes must be >= 2 or null (derived from the folders), got {n}")
+        check = entry.info.get("check")
+        if check is not None:
+            check(self)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for logs and checkpoints)."""

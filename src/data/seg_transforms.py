@@ -50,3 +50,8 @@ def segmentation_train_transform(cfg: DataConfig) -> PairTransform:
 def segmentation_eval_transform(cfg: DataConfig) -> PairTransform:
     """Each image at its own size: only normalisation (metrics are computed against the original mask)."""
     return PairTransform(v2.Compose(normalize(cfg) + [_MaskToLong()]))
+
+
+def segmentation_predict_transform(cfg: DataConfig) -> v2.Compose:
+    """A new image (PIL or array) of any size -> the model's input at that size: what evaluation does to images."""
+    return v2.Compose([v2.ToImage(), *normalize(cfg)])

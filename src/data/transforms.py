@@ -8,6 +8,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
+from src.data.registry import dataset_entry
 
 
 class PairTransform:
@@ -55,33 +56,54 @@ def normalize(cfg: DataConfig) -> list[Any]:
     return [NormalizeUint8(list(cfg.mean), list(cfg.std))]
 
 
+def varying_sizes(cfg: DataConfig) -> bool:
+    """Whether data.name's images come in many sizes (registered with varying_sizes=True): ImageNet-style crops."""
+    return bool(dataset_entry(cfg.name).info.get("varying_sizes"))
+
+
 def classification_train_transform(cfg: DataConfig) -> PairTransform:
-    """Training augmentation: small images pad-and-crop, ImageNet-style images RandomResizedCrop; flip."""
+    """Training augmentation: fixed-size images pad-and-crop, images of any size RandomResizedCrop; flip."""
     steps: list[Any] = [v2.ToImage()]
+    resize_crop = varying_sizes(cfg)
     if cfg.augment:
         if cfg.random_crop:
-            if cfg.name == "imagefolder":
+            if resize_crop:
                 steps.append(v2.RandomResizedCrop(cfg.image_size, antialias=True))
             else:
                 steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.crop_padding or None))
-        elif cfg.name == "imagefolder":
-            steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+        elif resize_crop:
+            steps += _resize_center_crop(cfg.resize_size, cfg.image_size)
         if cfg.hflip:
             steps.append(v2.RandomHorizontalFlip())
         if cfg.color_jitter > 0:
             j = cfg.color_jitter
             steps.append(v2.ColorJitter(brightness=j, contrast=j, saturation=j))
-    elif cfg.name == "imagefolder":
-        steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+    elif resize_crop:
+        steps += _resize_center_crop(cfg.resize_size, cfg.image_size)
     return PairTransform(v2.Compose(steps + normalize(cfg)))
 
 
 def classification_eval_transform(cfg: DataConfig) -> PairTransform:
-    """Evaluation: ImageNet-style Resize + CenterCrop; small images as they are."""
+    """Evaluation: images of any size Resize(resize_size) + CenterCrop(image_size); fixed-size ones as they are."""
     steps: list[Any] = [v2.ToImage()]
-    if cfg.name == "imagefolder":
-        steps += [v2.Resize(cfg.resize_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+    if varying_sizes(cfg):
+        steps += _resize_center_crop(cfg.resize_size, cfg.image_size)
     return PairTransform(v2.Compose(steps + normalize(cfg)))
+
+
+def classification_predict_transform(cfg: DataConfig) -> v2.Compose:
+    """A new image of any size -> the model's input: the evaluation transform of the training data.
+
+    Datasets of varying sizes: Resize(resize_size) + CenterCrop(image_size), exactly as in evaluation.
+    Fixed-size datasets (CIFAR, shapes) evaluate their images as they are; another image is brought to
+    that size by Resize(image_size) + CenterCrop(image_size), which leaves an image of that size unchanged.
+    """
+    resize = cfg.resize_size if varying_sizes(cfg) else cfg.image_size
+    return v2.Compose([v2.ToImage(), *_resize_center_crop(resize, cfg.image_size), *normalize(cfg)])
+
+
+def _resize_center_crop(resize: int, crop: int) -> list[Any]:
+    return [v2.Resize(resize, antialias=True), v2.CenterCrop(crop)]
 
 
 def to_image(image: Any) -> tv_tensors.Image:

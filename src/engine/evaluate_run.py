@@ -40,7 +40,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     device = dist.select_device(train_cfg.device)
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s)
+    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s,
+                          init_timeout_s=train_cfg.trainer.dist_init_timeout_s)
     try:
         if device.type == "cpu":  # as in training: this process's share of the node's cores
             configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())

@@ -5,8 +5,10 @@ and yields (images, targets, indices). Ranks may therefore run different numbers
 per-batch loop never communicates; all collectives happen once, after it, in the same order on every rank.
 
 - Classification: each rank keeps one row per sample (index, loss, prediction, top-1 hit, top-5 hit);
-  the rows of all ranks are gathered, sorted by dataset index and reduced in that order, so loss, top1
-  and top5 are bit-identical to a one-process evaluation (given the same per-sample model outputs).
+  the rows of all ranks are gathered, sorted by dataset index and reduced in that order. top1 and top5
+  are counts, the same for any world size; the loss is the same sum in the same order, so it differs
+  from a one-process evaluation only where the per-sample losses do (float rounding of logits, which
+  depends on batch composition, thread count and CPU): within 1e-6 relative.
 - Segmentation: each rank sums an int64 confusion matrix (exact, order-free), all_reduced once; the loss
   is gathered per image (sum over valid pixels, count) and summed in dataset order.
 """

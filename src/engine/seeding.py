@@ -20,7 +20,8 @@ def seed_everything(seed: int) -> None:
 
 
 def configure_determinism(deterministic: bool) -> None:
-    """Deterministic kernels (a run repeats bit for bit) or cuDNN autotuning (faster, not repeatable)."""
+    """Deterministic kernels where PyTorch has them (a run repeats on the same machine, world size and thread
+    count) or cuDNN autotuning (faster, not repeatable). An op without a deterministic kernel warns."""
     torch.backends.cudnn.benchmark = not deterministic
     torch.backends.cudnn.deterministic = deterministic
     if deterministic:

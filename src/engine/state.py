@@ -16,6 +16,7 @@ Format (version FORMAT_VERSION; files without `format_version` are version 0, id
     config          the resolved training config, a plain dict
     metrics         the evaluation of exactly these weights ({} when they were not evaluated)
     best            [[value, file name], ...]: the best-k checkpoints, best first
+    class_names     the training data's class names in label order (predict.py names predictions with them)
 
 Everything is a tensor, number, string, None or a container of those, so torch.load(weights_only=True)
 reads it: loading a checkpoint never runs pickled code.
@@ -64,6 +65,7 @@ class TrainState:
     best: list[list] = field(default_factory=list)  # [[value, file name], ...], best first
     # Metrics of an evaluation of exactly the current weights; cleared by every optimizer step.
     metrics: dict[str, float] = field(default_factory=dict)
+    class_names: list[str] = field(default_factory=list)  # the data's, in label order
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint of this state. A collective: every rank calls it (RNG states are gathered)."""
@@ -76,6 +78,7 @@ class TrainState:
             "epoch": p.epoch, "step": p.step, "sampler": {"epoch": p.epoch, "micro_batch": p.micro_batch},
             "rng": dist.all_gather_object(capture_rng_state()), "world_size": dist.get_world_size(),
             "config": self.config, "metrics": dict(self.metrics), "best": [list(b) for b in self.best],
+            "class_names": list(self.class_names),
         }
 
     def load_state_dict(self, ckpt: dict[str, Any], source: str = "the checkpoint") -> None:

@@ -28,6 +28,7 @@ from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormS
 from src.engine.losses import build_loss
 from src.engine.norm_health import buffer_sync_mode, check_norm_health
 from src.engine.optim import build_optimizer, build_scheduler, trainable
+from src.engine.preemption import PreemptionHook
 from src.engine.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.seeding import configure_determinism, configure_threads, seed_everything
 from src.engine.state import TrainState, read_checkpoint
@@ -52,7 +53,8 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     typed: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     device = dist.select_device(typed.device)
     threads = configure_threads(typed.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
-    dist.init_distributed(device, timeout_s=typed.trainer.dist_timeout_s)
+    dist.init_distributed(device, timeout_s=typed.trainer.dist_timeout_s,
+                          init_timeout_s=typed.trainer.dist_init_timeout_s)
     tracker: Optional[Tracker] = None
     try:
         run_dir = resolve_run_dir()
@@ -104,6 +106,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
     state = _build_state(cfg, typed, model, len(train_loader), device)
+    state.class_names = list(data.class_names)  # stored in checkpoints: predict.py names its classes
     _resume(state, settings.resume, run_dir)
     check_norm_health(model, "start", strict=True)
 
@@ -151,6 +154,8 @@ def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any
     hooks.append(CheckpointHook(settings.checkpoint_every))
     if settings.compile:
         hooks.append(CompileReport())
+    # Last: it sees the step's or the epoch's checkpoint already requested or written.
+    hooks.append(PreemptionHook(settings.preempt_signals, loaders=[val_loader]))
     return hooks
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -29,8 +30,10 @@ from src.data import set_loader_epoch
 from src.engine.accumulation import gradient_sync, micro_step
 from src.engine.amp import PRECISIONS, autocast
 from src.engine.checkpoint import CheckpointSaver
+from src.engine.finite import FiniteGuard
 from src.engine.hooks import Hook
 from src.engine.norm_health import sync_bn_buffers
+from src.engine.optim import current_lr
 from src.engine.state import TrainState
 from src.logger import progress
 
@@ -68,6 +71,8 @@ class Trainer:
         self.stop_reason: Optional[str] = None
         self.exit_code: Optional[int] = None
         self._checkpoint_requested = False
+        # fp16's GradScaler skips non-finite steps by design: those alone do not stop the run.
+        self.guard = FiniteGuard(device, skipped_steps_allowed=state.scaler.is_enabled())
         self._bar: Any = None
         self.started = time.perf_counter()
 
@@ -99,8 +104,23 @@ class Trainer:
         if self.state.ema is not None:
             sync_bn_buffers(self.state.ema.module, self.buffer_sync)
 
-    def save_checkpoint(self) -> Optional[Any]:
-        """Write last.pt (and a best-k file when the current weights were evaluated). A collective."""
+    def check_finite(self, where: str) -> None:
+        """Raise NonFiniteError on every rank if a loss, gradient norm or weight went non-finite (a collective).
+
+        Weights means everything a checkpoint stores: parameters and float buffers (BN statistics), EMA's too.
+        """
+        modules = {"": self.state.model, "ema.": self.state.ema}
+        tensors = {prefix + name: t for prefix, m in modules.items() if m is not None
+                   for name, t in (*m.named_parameters(), *m.named_buffers()) if t.is_floating_point()}
+        self.guard.check(tensors, where, f"lr now {current_lr(self.state.optimizer):.4g}, "
+                                         f"trainer.amp={self.settings.amp}, trainer.dtype={self.settings.dtype}")
+
+    def save_checkpoint(self) -> Optional[Path]:
+        """Write last.pt (and a best-k file when the current weights were evaluated). A collective.
+
+        Never writes non-finite weights: the finiteness check comes first.
+        """
+        self.check_finite(f"before the checkpoint at step {self.state.progress.step}")
         self.sync_buffers()
         state = self.state
         best_name, dropped = None, []
@@ -123,6 +143,7 @@ class Trainer:
             if self.interrupted:
                 break
             self.finishing = self.stop_reason is not None or self.state.progress.epoch >= self.settings.epochs
+            self.check_finite(f"after epoch {self.epoch}")  # before evaluating or saving the weights
             self._call("after_epoch")
         self._call("after_train")
 
@@ -160,8 +181,9 @@ class Trainer:
             images_seen += images.shape[0]
             p.micro_batch = index + 1
             if micro.is_last_in_window:
-                self._optimizer_step()
+                grad_norm = self._optimizer_step()
                 p.step += 1
+                self.guard.observe(p.step, loss_sum, grad_norm)
                 self.last_step = StepOutput(loss_sum, images_seen, time.perf_counter() - started, data_seconds)
                 self._after_step()
                 if self.stop_reason is not None:
@@ -191,12 +213,15 @@ class Trainer:
             self.state.scaler.scale(loss * loss_scale).backward()
         return loss
 
-    def _optimizer_step(self) -> None:
-        """Clip (on unscaled gradients), step, update the loss scale, clear gradients, advance LR and EMA."""
-        s = self.state
+    def _optimizer_step(self) -> Optional[torch.Tensor]:
+        """Clip (on unscaled gradients), step, update the loss scale, clear gradients, advance LR and EMA.
+
+        Returns the gradient norm when clipping computed one (a tensor on the device), else None.
+        """
+        s, grad_norm = self.state, None
         if self.settings.grad_clip_norm is not None:
             s.scaler.unscale_(s.optimizer)
-            torch.nn.utils.clip_grad_norm_(s.model.parameters(), self.settings.grad_clip_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), self.settings.grad_clip_norm)
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.optimizer.zero_grad(set_to_none=True)
@@ -204,8 +229,12 @@ class Trainer:
         if s.ema is not None:
             s.ema.update_parameters(s.model)
         s.metrics = {}  # new weights: the last evaluation no longer describes them
+        return grad_norm
 
     def _after_step(self) -> None:
+        step = self.state.progress.step
+        if step % self.settings.log_every == 0:
+            self.check_finite(f"at step {step}")  # with the train row's reduction, not a sync per step
         self._call("after_step")
         if self._checkpoint_requested:
             self._checkpoint_requested = False

@@ -76,11 +76,7 @@ class ModelConfig:
                              f"model.aux_loss_weight=0 for {self.name}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
-        if self.decoder_stride not in (2, 4):
-            raise ValueError(f"model.decoder_stride must be 4 or 2, got {self.decoder_stride}")
-        if self.decoder_stride != 4 and entry.info.get("family") != "deeplabv3plus":
-            raise ValueError(f"model.decoder_stride={self.decoder_stride} applies only to DeepLabV3+ "
-                             f"(deeplabv3plus_*); set model.decoder_stride=4 for {self.name}")
+        check_decoder_stride(self.name, self.decoder_stride)
         if self.cifar_shortcut not in ("A", "B"):
             raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
         if self.weights and self.backbone_weights:
@@ -93,6 +89,17 @@ class ModelConfig:
                                  f"weights file there or set model.{key}=null")
         if "check" in entry.info:  # the family's own options (e.g. model.arch exists in timm)
             entry.info["check"](self)
+
+
+def check_decoder_stride(name: str, decoder_stride: int) -> None:
+    """The one decoder_stride rule (config validation and build_deeplab): 4 for every model, 2 also for
+    DeepLabV3+, whose decoder can add a stage on the stem's features."""
+    if decoder_stride not in (2, 4):
+        raise ValueError(f"model.decoder_stride must be 4 or 2, got {decoder_stride}")
+    family = MODELS.get(name).info.get("family") if name in MODELS else None
+    if decoder_stride != 4 and family != "deeplabv3plus":
+        raise ValueError(f"model.decoder_stride={decoder_stride} applies only to DeepLabV3+ "
+                         f"(deeplabv3plus_*); set model.decoder_stride=4 for {name}")
 
 
 @dataclass
@@ -118,7 +125,7 @@ class NormConfig:
     sync_until_step: Optional[int] = None
 
     def validate(self, device: Optional[str] = "auto", world_size: Optional[int] = None) -> None:
-        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks torch_syncbn's needs,
+        """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks the GPU needs of (torch_)syncbn,
         world_size (None = skip) that norm.group_size divides it."""
         if self.name not in NORM_NAMES:
             raise ValueError(f"norm.name must be one of {', '.join(NORM_NAMES)}; got {self.name!r} "
@@ -131,6 +138,8 @@ class NormConfig:
             raise ValueError(f"norm.num_groups must be >= 1, got {self.num_groups}")
         if self.name == "torch_syncbn" and device is not None:
             _check_torch_syncbn_device(device)
+        if self.name == "syncbn" and device is not None and device != "cpu":
+            _check_syncbn_cuda_kernels(device)
         self._validate_sync_modes(world_size)
 
     def _validate_sync_modes(self, world_size: Optional[int]) -> None:
@@ -164,6 +173,15 @@ def check_model_norm(model_cfg: ModelConfig, norm_cfg: NormConfig) -> None:
                 f"norm.{key}={getattr(norm_cfg, key)} does not apply to model={model_cfg.name}: its BatchNorm layers "
                 f"keep the eps and momentum their architecture defines (and its weights files assume); leave "
                 f"norm.{key} at its default ({defaults[key]})")
+
+
+def _check_syncbn_cuda_kernels(device: str) -> None:
+    """Our SyncBN on GPUs needs its CUDA kernels built (or nvcc to build them): refuse before training."""
+    from src.syncbn.extension import cuda_kernels_problem
+
+    problem = cuda_kernels_problem()
+    if problem:
+        raise ValueError(f"norm=syncbn on CUDA (device={device}): {problem}")
 
 
 def _check_torch_syncbn_device(device: str) -> None:

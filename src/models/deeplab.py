@@ -12,7 +12,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
 from torchvision.models.segmentation.fcn import FCNHead
 
-from src.models.config import ModelConfig, NormConfig
+from src.models.config import ModelConfig, NormConfig, check_decoder_stride
 from src.models.norms import NormLayer, norm_layer_factory, replace_batchnorm2d
 from src.models.registry import MODELS
 from src.models.resnet import build_dilated_resnet, feature_channels
@@ -114,9 +114,7 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
     decoder_stride (DeepLabV3+ only): 4 = the paper's decoder on layer1; 2 = also a stage on the stem's features.
     """
     variant, backbone_name = name.split("_", 1)
-    if decoder_stride not in (2, 4) or (decoder_stride == 2 and variant != "deeplabv3plus"):
-        raise ValueError(f"decoder_stride must be 4, or 2 for DeepLabV3+ (deeplabv3plus_*); got {decoder_stride} "
-                         f"for {name}")
+    check_decoder_stride(name, decoder_stride)
     dilate, rates = OUTPUT_STRIDES[output_stride]
     resnet = build_dilated_resnet(backbone_name, norm_layer, dilate, zero_init_residual)
     channels = feature_channels(backbone_name)

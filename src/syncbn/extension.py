@@ -10,6 +10,15 @@ Design choices (why this is hand-written rather than a bare `torch.utils.cpp_ext
   CUDA and Python versions and the CUDA arch list. The CPU-only and the CUDA variant can therefore
   never collide, an edited source gets a fresh build, and the ahead-of-time build
   (`python -m src.syncbn.build`) produces exactly the directory this loader looks for.
+- CUDA only with a toolkit. With GPUs visible, the CUDA variant is chosen when it is already built or
+  a usable nvcc matching torch.version.cuda is found (src/syncbn/toolkit.py); otherwise the CPU-only
+  variant is, so CPU tensors still work, and `cuda_kernels_problem()` says why CUDA tensors cannot
+  (the trainer's config validation raises it before training starts).
+- Emulated CUDA variant. `load_emulated_cuda_extension()` builds csrc/cuda/*.cu with the host
+  compiler against the SIMT emulation in csrc/simt/ (`syncbn_cudaemu_<hash>`): the CUDA kernels run,
+  bounds-checked, on CPU tensors, so tests exercise them on machines without a GPU. It needs no nvcc,
+  is never what `load_extension()` returns, and is what `src.syncbn.functions.kernel_ops()` returns
+  when SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated.
 - CPU instruction set. `at::vec::Vectorized` picks its width at compile time from the
   CPU_CAPABILITY_* macros. `-march=native` would tie a Docker image's AOT build to the build host's
   CPU (SIGILL elsewhere), and mixing ISAs inside one library risks the linker keeping an AVX-512
@@ -35,11 +44,14 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from . import toolkit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSRC = REPO_ROOT / "csrc"
@@ -134,10 +146,33 @@ def cuda_arch_list() -> str:
     return DEFAULT_CUDA_ARCH_LIST
 
 
+def _headers(*folders: str) -> list[Path]:
+    """Headers directly in csrc/ and in the given subfolders: what one variant compiles against."""
+    dirs = [CSRC, *(CSRC / f for f in folders)]
+    return sorted(p for d in dirs for p in d.glob("*") if p.suffix in (".h", ".cuh", ".hpp"))
+
+
+def _digest(sources: list[Path], headers: list[Path], flags: list[list[str]], extra: list[str]) -> str:
+    """12 hex digits of the sources, headers, flags, `extra` and the toolchain's versions."""
+    digest = hashlib.sha256()
+    for p in sorted(set(sources)) + headers:
+        digest.update(str(p.relative_to(CSRC)).encode())
+        digest.update(p.read_bytes())
+    versions = [torch.__version__, str(torch.version.cuda), sys.version, os.environ.get("CXX", "c++")]
+    for part in (*flags, extra + versions):
+        digest.update(repr(part).encode())
+    return digest.hexdigest()[:12]
+
+
+def _is_built(spec: BuildSpec) -> bool:
+    return spec.ok_marker.exists() and spec.library.exists()
+
+
 def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) -> BuildSpec:
-    """Describe the variant to build/load (CUDA when a GPU and CUDA sources exist, unless told)."""
+    """Describe the variant to build/load: CUDA when GPUs are visible and it is built or buildable here."""
     if with_cuda is None:
-        with_cuda = torch.cuda.is_available() and bool(cuda_sources())
+        with_cuda = (torch.cuda.is_available() and bool(cuda_sources())
+                     and (_is_built(make_spec(True, cpu_capability)) or toolkit.find_cuda_toolkit().toolkit is not None))
     cap = cpu_capability or default_cpu_capability()
     if cap not in _ISA_CFLAGS:
         raise ValueError(f"cpu_capability={cap!r}; expected one of {CPU_CAPABILITIES}")
@@ -154,21 +189,29 @@ def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) 
         cuda_cflags = ["-O3", "-DSYNCBN_WITH_CUDA"]
         arch = cuda_arch_list()
         env["TORCH_CUDA_ARCH_LIST"] = arch
+        found = toolkit.find_cuda_toolkit().toolkit
+        if found is not None:
+            env["CUDA_HOME"] = str(found.root)
     # Only headers this variant compiles against: CUDA-side edits must not rebuild the CPU variant.
-    headers = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cuh", ".hpp")
-                     and (with_cuda or "cuda" not in p.relative_to(CSRC).parts))
-    digest = hashlib.sha256()
-    for p in sorted(set(sources)) + headers:
-        digest.update(str(p.relative_to(CSRC)).encode())
-        digest.update(p.read_bytes())
-    for part in (cflags, cuda_cflags, [arch or "", torch.__version__, str(torch.version.cuda),
-                                       sys.version, os.environ.get("CXX", "c++")]):
-        digest.update(repr(part).encode())
+    headers = _headers("cpu", *(["cuda"] if with_cuda else []))
     kind = "cuda" if with_cuda else "cpu"
-    name = f"syncbn_{kind}_{cap}_{digest.hexdigest()[:12]}"
+    name = f"syncbn_{kind}_{cap}_{_digest(sources, headers, [cflags, cuda_cflags], [arch or ''])}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
                      cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags), ldflags=("-fopenmp",),
                      with_cuda=with_cuda, cpu_capability=cap, cuda_arch_list=arch, env=env)
+
+
+def make_emulated_spec() -> BuildSpec:
+    """The CUDA kernels compiled by the host compiler against the SIMT emulation (csrc/simt/); no nvcc."""
+    sources = [*sorted((CSRC / "simt").glob("*.cpp")), *sorted((CSRC / "simt").glob("*.cu")),
+               *sorted((CSRC / "cuda").glob("*.cu"))]
+    # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
+    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
+    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
+    name = f"syncbn_cudaemu_{_digest(sources, _headers('cuda', 'simt'), [cflags], [])}"
+    return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
+                     cflags=tuple(cflags), cuda_cflags=(), ldflags=(), with_cuda=False,
+                     cpu_capability="default", cuda_arch_list=None)
 
 
 def check_build_tools(spec: BuildSpec) -> None:
@@ -184,13 +227,9 @@ def check_build_tools(spec: BuildSpec) -> None:
             "'c++') is not on PATH. Install one, e.g. `apt-get install g++` (Debian/Ubuntu) or "
             "`dnf install gcc-c++`, or point CXX at an existing compiler.")
     if spec.with_cuda:
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
-            raise ExtensionBuildError(
-                "Building the CUDA variant of the SyncBN extension needs nvcc, which was not found "
-                f"(CUDA_HOME={CUDA_HOME}). Install the CUDA toolkit matching torch.version.cuda="
-                f"{torch.version.cuda} or set CUDA_HOME; or build the CPU-only variant.")
+        search = toolkit.find_cuda_toolkit()
+        if search.toolkit is None:
+            raise ExtensionBuildError(f"Building {spec.name}: {toolkit.missing_toolkit_message(search)}")
 
 
 def _import_library(spec: BuildSpec) -> ModuleType:
@@ -243,6 +282,11 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
     (spec.build_dir / "lock").unlink(missing_ok=True)
     saved = {k: os.environ.get(k) for k in spec.env}
     os.environ.update(spec.env)
+    # cpp_extension read CUDA_HOME once, at import, by its own guess (which a wrapper-script nvcc
+    # misleads): build with the toolkit root src/syncbn/toolkit.py found.
+    saved_cuda_home = cpp_extension.CUDA_HOME
+    if "CUDA_HOME" in spec.env:
+        cpp_extension.CUDA_HOME = spec.env["CUDA_HOME"]
     try:
         kwargs = dict(extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
                       extra_ldflags=list(spec.ldflags), build_directory=str(spec.build_dir),
@@ -256,6 +300,7 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
             return None
         return cpp_extension.load(spec.name, list(spec.sources), **kwargs)
     finally:
+        cpp_extension.CUDA_HOME = saved_cuda_home
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -319,19 +364,60 @@ def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None =
         return module
 
 
-def load_extension(with_cuda: bool | None = None) -> ModuleType:
-    """The compiled SyncBN ops for this machine (built on first use, then cached per process)."""
-    spec = make_spec(with_cuda=with_cuda)
+def _load(spec: BuildSpec) -> ModuleType:
     module = _LOADED.get(spec.name)
     if module is None:
         # Fast path: a finished build needs neither the lock nor ninja nor a compiler.
-        if spec.ok_marker.exists() and spec.library.exists():
+        if _is_built(spec):
             module = _import_library(spec)
             _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=False, seconds=0.0)
         else:
             module = build(spec)
         _LOADED[spec.name] = module
     return module
+
+
+def load_extension(with_cuda: bool | None = None) -> ModuleType:
+    """The compiled SyncBN ops for this machine (built on first use, then cached per process)."""
+    return _load(make_spec(with_cuda=with_cuda))
+
+
+def cuda_kernels_problem() -> str | None:
+    """Why our SyncBN cannot run on this machine's GPUs (None: it can, or there are no GPUs)."""
+    if not torch.cuda.is_available() or make_spec().with_cuda:
+        return None
+    if not cuda_sources():
+        return f"this checkout has no CUDA sources in {CSRC / 'cuda'}. " + toolkit.install_advice()
+    return toolkit.missing_toolkit_message(toolkit.find_cuda_toolkit())
+
+
+def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100") -> ModuleType:
+    """The CUDA kernels run on the CPU by the SIMT emulation, emulating `device`; ops take CPU tensors.
+
+    `device`: a preset ("h100" = "h200": 132 SMs, "a100": 108, "orin": 16 SMs x 1536 threads), a preset
+    with overrides ("orin,sm_count=2"), or a mapping of overrides on top of h100 ({"sm_count": 4}).
+    The keys are those of `module.device()`. The module is one per process: loading it again with
+    another device switches every later launch to that device. Built on first use (host compiler,
+    about 70 s of CPU time), cached like the other variants. Besides the five ops the module has
+    `set_device`, `device`, `record_launches` / `launches` (kernel names and geometry), `counters`
+    and `probes` (kernels that test the emulator itself).
+    """
+    module = _load(make_emulated_spec())
+    if not isinstance(device, str):
+        device = ",".join(f"{k}={int(v)}" for k, v in device.items())
+    module.set_device(device)
+    return module
+
+
+_EMULATED_FROM_ENV: ModuleType | None = None
+
+
+def emulated_cuda_ops() -> ModuleType:
+    """The emulated kernels on the device SYNCTRAIN_SIMT_DEVICE names (default h100), loaded once."""
+    global _EMULATED_FROM_ENV
+    if _EMULATED_FROM_ENV is None:
+        _EMULATED_FROM_ENV = load_emulated_cuda_extension(os.environ.get("SYNCTRAIN_SIMT_DEVICE") or "h100")
+    return _EMULATED_FROM_ENV
 
 
 def last_build_info() -> dict[str, object]:

@@ -39,6 +39,12 @@ class KernelOps:
     batch_norm_backward_elemt: Callable[..., Any]
     traceable: bool
     library: Optional[str]  # file of the loaded extension, if it is one
+    module: Any = None  # the extension itself: its other attributes (e.g. the emulation's counters) read through
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__") and name != "__name__":
+            raise AttributeError(name)  # copy/pickle probes: not the module's
+        return getattr(self.module, name)
 
     @classmethod
     def from_module(cls, module: ModuleType) -> "KernelOps":
@@ -51,7 +57,7 @@ class KernelOps:
             fns = {name: getattr(packet, name).default for name in OP_NAMES}
         else:
             fns = {name: getattr(module, name) for name in OP_NAMES}
-        return cls(**fns, traceable=namespace is not None, library=getattr(module, "__file__", None))
+        return cls(**fns, traceable=namespace is not None, library=getattr(module, "__file__", None), module=module)
 
 
 _OPS: Optional[KernelOps] = None

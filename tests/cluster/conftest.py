@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.cluster.slurm_cluster import LocalSlurm, missing_requirements
 from tests.cluster.torchrun_harness import (
     NORM, REPO, TINY_JOB, Job, job_env, launch_torchrun, load_last_checkpoint,
 )
@@ -64,3 +65,19 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, syncbn_kernels: None
     assert rc == 0, "the reference run failed:\n" + job.output()[-6000:]
     assert int(load_last_checkpoint(run_dir)["step"]) == STEPS
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    """A one-machine SLURM cluster (slurmctld + slurmd on 127.0.0.1) for the session; skips where it cannot run."""
+    why_not = missing_requirements()
+    if why_not:
+        pytest.skip(f"no local SLURM cluster: {why_not}")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        cluster.stop()
+        pytest.skip(f"the local SLURM daemons could not start: {err}")
+    yield cluster
+    cluster.stop()

@@ -135,12 +135,6 @@ def test_entrypoint_is_torchrun(instructions: list[Instruction]) -> None:
     assert "train.py" in cmds[-1].exec_form(), "the default CMD should run train.py"
 
 
-def test_restarted_workers_get_a_fresh_rendezvous_store(instructions: list[Instruction]) -> None:
-    # torchrun --max-restarts inside the image: see scripts/launch_multinode.sh for why.
-    env = " ".join(i.args for i in instructions if i.keyword == "ENV")
-    assert re.search(r"(^|\s)TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1(\s|$)", env), env
-
-
 def test_copied_paths_exist(instructions: list[Instruction]) -> None:
     for ins in instructions:
         if ins.keyword != "COPY" or "--from" in ins.args:

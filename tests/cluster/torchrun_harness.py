@@ -31,14 +31,26 @@ NORM = os.environ.get("SYNCTRAIN_CLUSTER_TEST_NORM", "syncbn")
 # The smallest job that still exercises everything the cluster tests care about: SyncBN across
 # processes, several epochs with mid-epoch checkpoints, evaluation. 256 images / (2 ranks x 16) = 8
 # optimizer steps per epoch; one process thread each, so two workers fit the 2-core CI machine.
+# float64 (trainer.dtype): a resumed, restarted, requeued or two-node run is compared with one
+# uninterrupted run to 1e-9, where float32's rounding could neither hide nor fake a difference.
 TINY_JOB = [
     "model=resnet20", f"norm={NORM}", "data=shapes",
     "data.train_size=256", "data.val_size=64", "data.image_size=16",
     "data.batch_size=16", "data.eval_batch_size=64", "data.num_workers=0",
-    "device=cpu", "seed=0",
+    "device=cpu", "seed=0", "trainer.dtype=float64",
     "trainer.deterministic=true", "trainer.num_threads=1", "trainer.log_every=1",
     "trainer.progress_bar=false", "trainer.tensorboard=false",
 ]
+
+
+# Tolerances of every comparison with the uninterrupted reference run. Both runs do the same float64
+# arithmetic on this machine (same world size, batches, thread count; a resume restores every tensor,
+# RNG state and the sampler position), so they agree to the last bits; 1e-9 (relative for losses,
+# absolute for parameters and BN statistics of order 1-10) only admits rounding noise of order 1e-15.
+# A skipped or repeated batch, a restarted schedule or momentum, a rank with the wrong seed or a
+# missing gradient sync moves them by more than 1e-4.
+LOSS_RTOL = 1e-9
+PARAM_ATOL = 1e-9
 
 
 def free_port() -> int:

@@ -7,12 +7,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from src.data import build_datasets
-from src.data.config import DATASETS, DataConfig, coerce
+from src.data.config import DataConfig, coerce
+from src.data.registry import DATASETS
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
 
 
-@pytest.mark.parametrize("name", DATASETS)
+@pytest.mark.parametrize("name", DATASETS.names())
 def test_each_yaml_is_a_valid_structured_config(name: str) -> None:
     node = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(CONF / f"{name}.yaml"))
     cfg = OmegaConf.to_object(node)

@@ -99,8 +99,12 @@ def test_imagefolder_errors(tmp_path: Path) -> None:
         build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)), seed=0)
     _png(tmp_path / "train" / "a" / "0.png", (8, 8), 0)
     _png(tmp_path / "val" / "b" / "0.png", (8, 8), 0)
-    with pytest.raises(ValueError, match="class folders"):
-        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8)
+    with pytest.raises(ValueError, match="at least two"):
+        build_datasets(cfg, seed=0)
+    _png(tmp_path / "train" / "c" / "0.png", (8, 8), 0)
+    with pytest.raises(ValueError, match=r"class folders that .* lacks: \['b'\]"):
+        build_datasets(cfg, seed=0)
 
 
 def _palette_png(path: Path, labels: np.ndarray) -> None:

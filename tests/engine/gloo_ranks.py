@@ -32,7 +32,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tupl
     )
     torch.set_num_threads(1)
     try:
-        dist.init_distributed(torch.device("cpu"), backend="gloo", timeout_s=60)
+        dist.init_distributed(torch.device("cpu"), backend="gloo", timeout_s=60, init_timeout_s=60)
         queue.put((rank, fn(rank, world, *args)))
     except BaseException:  # the parent shows the traceback
         queue.put((rank, RankError(traceback.format_exc())))

@@ -1,12 +1,13 @@
 """Exact distributed evaluation on real gloo groups: metrics and exports for world sizes 1, 2, 3 equal a
-one-process evaluation, bit for bit.
+one-process evaluation.
 
 The validation sets are sized so that no world size divides them (101 classification samples, 13
 segmentation images of different sizes), so the shards are uneven and ranks run different numbers of
-batches. Equality is exact (==, NaN == NaN), not approximate: the evaluator gathers per-sample results and
-reduces them in dataset order, and the confusion matrix is int64. This holds because the tiny models'
-per-sample outputs do not depend on which other samples share the batch (checked separately below, so a
-failure there points at the model/kernels, not at the evaluator).
+batches. Counted metrics (top-1/top-5, the int64 confusion matrix and what it gives: mIoU, pixel
+accuracy, per-class IoU) and the exported predictions are compared exactly (==, NaN == NaN): every sample
+is counted once. The float loss is compared to LOSS_RTOL: batch boundaries move with the world size and
+oneDNN chooses kernels by batch shape, thread count and CPU, so a sample's logits may differ in the last
+float32 bits (an ulp is 1.2e-7 relative); a sample counted twice or skipped moves the mean loss by ~1e-2.
 """
 from __future__ import annotations
 
@@ -116,10 +117,15 @@ def evaluate_both(rank: int, world: int, out_dir: str) -> dict:
             "seg_training_after": seg_model.training}
 
 
+LOSS_RTOL = 1e-6
+FLOAT_KEYS = ("loss",)  # means of float per-sample values; every other metric is a ratio of counts
+
+
 def same(a: dict[str, float], b: dict[str, float]) -> bool:
-    """Exact equality of two metric dicts, NaN equal to NaN."""
+    """Counted metrics equal exactly (NaN equal to NaN), losses within LOSS_RTOL."""
     return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
+        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k]
+        or (k in FLOAT_KEYS and a[k] == pytest.approx(b[k], rel=LOSS_RTOL, abs=0.0)) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -139,16 +145,6 @@ def test_reference_metrics_are_plausible(reference: tuple[dict, Path]) -> None:
     seg = res["seg"]
     assert {"loss", "miou", "pixel_acc"} <= set(seg) and len([k for k in seg if k.startswith("iou_")]) == 5
     assert 0 <= seg["miou"] <= 1 and 0 <= seg["pixel_acc"] <= 1
-
-
-def test_per_sample_outputs_do_not_depend_on_the_batch() -> None:
-    """Precondition of bit-exact comparisons across world sizes (batch boundaries move with W)."""
-    torch.set_num_threads(1)
-    model, data = tiny_classifier().eval(), ClsData()
-    with torch.inference_mode():
-        whole = model(data.x)
-        pieces = torch.cat([model(data.x[i:i + 3]) for i in range(0, NUM_CLS_SAMPLES, 3)])
-    assert torch.equal(whole, pieces)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
+from src.data import dataset_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-SEGMENTATION_DATA = {"shapes_seg", "voc", "cityscapes"}
 
 
 def _options(group: str) -> list[str]:
@@ -29,7 +29,7 @@ def _companions(group: str, option: str) -> list[str]:
     """Overrides that make `group=option` a coherent job (segmentation models need segmentation data)."""
     if group == "model" and option.startswith("deeplab"):
         return ["data=shapes_seg"]
-    if group == "data" and option in SEGMENTATION_DATA:
+    if group == "data" and dataset_task(option) == "segmentation":
         return ["model=deeplabv3_resnet18"]
     return []
 

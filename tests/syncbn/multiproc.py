@@ -77,7 +77,8 @@ def run_group(
     # inside the children would eat into the join deadline. The children then import this very library.
     from src.syncbn.functions import kernel_ops
 
-    library = kernel_ops().library
+    ops = kernel_ops()
+    library = ops.library if ops.traceable else None  # other kernels (the emulation) the children pick themselves
     tmp_path.mkdir(parents=True, exist_ok=True)
     torch.save(payload, tmp_path / "payload.pt")
     ctx = mp.get_context("spawn")

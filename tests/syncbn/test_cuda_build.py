@@ -3,13 +3,14 @@
 CI has nvcc but no GPU: this builds the CUDA variant ahead of time as the Docker image does
 (`python -m src.syncbn.build --cuda`, one small arch so it stays quick) into a fresh cache directory,
 then imports the library in a fresh interpreter. The import resolves every symbol (dlopen RTLD_NOW),
-so a kernel whose signature drifted from csrc/syncbn.h fails here, not on the first GPU run.
-Skipped where nvcc is absent; marked slow (a few minutes on 2 cores).
+so a kernel whose signature drifted from csrc/ops.h fails here, not on the first GPU run. The build
+finds the toolkit itself (src/syncbn/toolkit.py: CUDA_HOME, else nvcc on PATH, else /usr/local/cuda*),
+and must compile with that toolkit's nvcc and headers even where nvcc on PATH is a wrapper script.
+Skipped where no toolkit is found; marked slow (a few minutes on 2 cores).
 """
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,29 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from src.syncbn import toolkit
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def find_cuda_home() -> str | None:
-    """A CUDA toolkit root holding bin/nvcc and the headers: CUDA_HOME, CUDA_PATH, nvcc's, /usr/local/cuda.
-
-    nvcc on PATH may be a wrapper script (e.g. /usr/local/bin/nvcc), whose parent is no toolkit root:
-    PyTorch's own guess would then miss the headers, so candidates are checked for include/cuda_runtime.h.
-    """
-    nvcc = shutil.which("nvcc")
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-                  str(Path(nvcc).resolve().parents[1]) if nvcc else None, "/usr/local/cuda"]
-    for cand in candidates:
-        if cand and (Path(cand) / "bin" / "nvcc").exists() and (Path(cand) / "include" / "cuda_runtime.h").exists():
-            return cand
-    return None
-
-
-CUDA_HOME = find_cuda_home()
+TOOLKIT = toolkit.find_cuda_toolkit().toolkit
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CUDA_HOME is None, reason="nvcc not found (set CUDA_HOME); nothing to compile with"),
+    pytest.mark.skipif(TOOLKIT is None, reason="no CUDA toolkit found (set CUDA_HOME); nothing to compile with"),
 ]
 
 OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "batch_norm_backward_reduce",
@@ -70,8 +56,8 @@ print("IMPORTED", mod.__name__)
 
 @pytest.mark.timeout(1800)
 def test_cuda_sources_compile_and_link(tmp_path: Path) -> None:
-    env = dict(os.environ, CUDA_HOME=CUDA_HOME, TORCH_CUDA_ARCH_LIST="9.0",
-               SYNCTRAIN_EXTENSIONS_DIR=str(tmp_path / "ext"), PYTHONPATH=str(REPO))
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST="9.0", SYNCTRAIN_EXTENSIONS_DIR=str(tmp_path / "ext"),
+               PYTHONPATH=str(REPO))
     env.setdefault("MAX_JOBS", str(min(os.cpu_count() or 1, 4)))
     start = time.monotonic()
     built = subprocess.run([sys.executable, "-c", BUILD], cwd=REPO, env=env, capture_output=True, text=True)
@@ -79,6 +65,9 @@ def test_cuda_sources_compile_and_link(tmp_path: Path) -> None:
     assert built.returncode == 0, f"CUDA build failed after {seconds:.0f} s:\n{built.stdout[-4000:]}\n{built.stderr[-8000:]}"
     library = [line.split(" ", 1)[1] for line in built.stdout.splitlines() if line.startswith("LIBRARY ")][-1]
     assert Path(library).exists(), f"the build reported success but {library} does not exist"
+    ninja = (Path(library).parent / "build.ninja").read_text()
+    assert f"nvcc = {TOOLKIT.nvcc}" in ninja and f"-isystem {TOOLKIT.root}/include" in ninja, (
+        "the CUDA variant was not compiled with the toolkit src/syncbn/toolkit.py found")
     print(f"CUDA variant compiled in {seconds:.0f} s (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS={env['MAX_JOBS']})")
     imported = subprocess.run([sys.executable, "-c", IMPORT.format(ops=OPS), library], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)

@@ -1,0 +1,92 @@
+// The host-side CUDA surface the SyncBN launchers use, emulated: dim3/uint3, cudaError_t and
+// cudaGetLastError, cudaDeviceGetAttribute on the emulated device (device_props.h),
+// cudaFuncSetAttribute for dynamic shared memory, streams, c10::cuda::CUDAGuard and
+// getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
+// meanings as the real ones, so the launch code in csrc/cuda compiles unchanged.
+#pragma once
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDeviceFunction = 98,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxBlockDimX = 2,
+  cudaDevAttrMaxBlockDimY = 3,
+  cudaDevAttrMaxBlockDimZ = 4,
+  cudaDevAttrMaxGridDimX = 5,
+  cudaDevAttrMaxGridDimY = 6,
+  cudaDevAttrMaxGridDimZ = 7,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxThreadsPerMultiProcessor = 39,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+// The emulated device's property (the device ordinal is ignored: there is one emulated device).
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+// The error of the last launch that could not start (invalid configuration), then cleared.
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t error);
+
+namespace syncbn::simt::detail {
+cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int value);
+// Why the last launch failed to start, in words (appended to C10_CUDA_CHECK's message).
+const char* last_error_detail();
+}  // namespace syncbn::simt::detail
+
+// Opting a kernel in to more dynamic shared memory than shared_mem_per_block, as on the device.
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+  return ::syncbn::simt::detail::func_set_attribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+namespace c10::cuda {
+// Host memory is the emulated device's memory: there is nothing to switch.
+struct CUDAGuard {
+  explicit CUDAGuard(c10::Device) {}
+  explicit CUDAGuard(c10::DeviceIndex) {}
+};
+// Every launch runs to completion before it returns: one in-order stream.
+inline cudaStream_t getCurrentCUDAStream(c10::DeviceIndex = -1) { return nullptr; }
+}  // namespace c10::cuda
+
+#define C10_CUDA_CHECK(EXPR)                                                                           \
+  do {                                                                                                 \
+    const cudaError_t syncbn_simt_err = (EXPR);                                                        \
+    TORCH_CHECK(syncbn_simt_err == cudaSuccess, "CUDA error: ", cudaGetErrorString(syncbn_simt_err), \
+                " (emulated: ", ::syncbn::simt::detail::last_error_detail(), ")");                   \
+  } while (0)
+
+#define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())

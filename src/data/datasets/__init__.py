@@ -1,0 +1,12 @@
+"""One module per dataset family, each registering its names in src.data.registry.DATASETS.
+
+Every module in this folder is imported here, so adding a dataset is adding a file (and its
+conf/data/<name>.yaml): no list to extend. Modules are imported in name order.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

@@ -1,0 +1,197 @@
+"""Preemption-safe training: a stop signal ends the run at the next optimizer step, on every rank.
+
+Clusters end jobs with a signal and a grace period: SLURM sends SIGTERM (or the signal chosen with
+`sbatch --signal=SIG@SECONDS`) and SIGKILL a while later, `docker stop` and torchrun send SIGTERM.
+`Preemption` turns the signals of `trainer.preempt_signals` into a request: the handler only records
+the signal, so the optimizer step, evaluation or checkpoint write under way finishes normally. At
+the trainer's safe points (after every optimizer step, after an epoch's evaluation and checkpoint)
+every rank calls `stop_requested()`, one small collective, so all ranks stop after the same step
+even when the signal reached only some of them, or reached them at different steps.
+`PreemptionHook` does that inside the Trainer: last.pt is written, the run ends, and train.py exits
+with EXIT_PREEMPTED; `trainer.resume=auto` continues exactly from there.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from src import dist
+
+if TYPE_CHECKING:
+    from src.engine.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+# EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the run stopped on
+# purpose with its state saved, and running the same command again (trainer.resume=auto) continues it.
+EXIT_PREEMPTED = 75
+
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+
+
+def parse_signals(names: Sequence[str], key: str = "trainer.preempt_signals") -> tuple[signal.Signals, ...]:
+    """Signal names ("SIGTERM", "USR1", case-insensitive) as signals; ValueError naming `key` otherwise."""
+    parsed: list[signal.Signals] = []
+    for name in names:
+        text = str(name).strip().upper()
+        text = text if text.startswith("SIG") else "SIG" + text
+        sig = getattr(signal.Signals, text, None)
+        if sig is None:
+            raise ValueError(f"{key}: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, SIGUSR2, "
+                             "SIGINT, SIGHUP, or [] to disable preemption handling")
+        if sig in _UNCATCHABLE:
+            raise ValueError(f"{key}: {sig.name} cannot be caught by any process; use SIGTERM or SIGUSR1")
+        if sig not in parsed:
+            parsed.append(sig)
+    return tuple(parsed)
+
+
+class Preemption:
+    """Catches the configured signals while installed and decides, with the other ranks, when to stop.
+
+    Use as a context manager around training; the previous handlers come back on exit. With no
+    signals configured it catches nothing and `stop_requested()` is False without communicating.
+    """
+
+    def __init__(self, signals: Sequence[str | signal.Signals]) -> None:
+        self.signals = parse_signals([s.name if isinstance(s, signal.Signals) else s for s in signals])
+        self.received: Optional[str] = None  # name of the first signal this process got
+        self.received_at: Optional[float] = None
+        self._agreed: Optional[str] = None
+        self._previous: dict[signal.Signals, Any] = {}  # while installed: the handlers replaced
+        self._restored: dict[signal.Signals, Any] = {}  # after uninstall(): the handlers put back
+
+    def install(self) -> "Preemption":
+        """Install the handlers (main thread only, as Python requires for signal handlers)."""
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before install()."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._restored, self._previous = self._previous, {}
+
+    def pass_on(self) -> None:
+        """After uninstall(): give the signal received to the Python handler it had replaced, if any.
+
+        Under Hydra's submitit launcher that handler is submitit's own, which requeues the job.
+        Default and ignore dispositions, and Python's KeyboardInterrupt handler, are left alone.
+        """
+        if self.received is None:
+            return
+        sig = signal.Signals[self.received]
+        previous = self._restored.get(sig)
+        if callable(previous) and previous not in (self._on_signal, signal.default_int_handler):
+            previous(int(sig), None)
+
+    def __enter__(self) -> "Preemption":
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        # Only record: this runs between two bytecodes of whatever the main thread does (a collective,
+        # a checkpoint write, logging with its locks held), so it must not do any of that itself.
+        if self.received is None:
+            self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
+
+    def stop_requested(self) -> bool:
+        """True on every rank once any rank got a signal; call on all ranks at the same points.
+
+        One all-reduce of a single integer (on NCCL also a device sync), skipped when no signal is
+        configured. Once True it stays True without communicating again.
+        """
+        if self._agreed is not None:
+            return True
+        if not self.signals:
+            return False
+        if dist.any_rank(self.received is not None):
+            self._agreed = self.received or "a signal on another rank"
+            log.warning("%s received: stopping after this optimizer step, on every rank", self._agreed)
+            return True
+        return False
+
+    @property
+    def reason(self) -> str:
+        """What the run is stopping for (after stop_requested() returned True)."""
+        return self._agreed or self.received or "no signal"
+
+    def data_worker_init(self, chained: Optional[Callable[[int], None]] = None) -> Callable[[int], None]:
+        """A DataLoader `worker_init_fn` that makes its workers ignore the stop signals.
+
+        torchrun signals a worker's whole process group and SLURM every process of the job step, so
+        DataLoader workers get the signal too; by default it kills them, and the trainer then fails
+        with "DataLoader worker exited unexpectedly" before it can save. The trainer decides when to
+        stop; its loader workers end with it.
+        """
+        return functools.partial(_ignore_in_data_worker, tuple(int(s) for s in self.signals), chained)
+
+
+def _ignore_in_data_worker(signals: tuple[int, ...], chained: Optional[Callable[[int], None]],
+                           worker_id: int) -> None:
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+    if chained is not None:
+        chained(worker_id)
+
+
+class PreemptionHook:
+    """The Trainer hook (src/engine/hooks.py protocol): stop with last.pt saved when a stop signal came.
+
+    Checked after every optimizer step, and after each epoch's evaluation and checkpoint (a signal
+    that arrived during them stops the run there, the epoch already saved). `loaders` are DataLoaders
+    besides the trainer's own (the validation loader) whose workers must survive the signal too.
+    """
+
+    def __init__(self, signals: Sequence[str], loaders: Sequence[Any] = ()) -> None:
+        self.preemption = Preemption(signals)
+        self.loaders = list(loaders)
+        self.stopped_after: Optional[int] = None
+
+    def before_train(self, trainer: Trainer) -> None:
+        """Install the handlers; loader workers ignore the signals (the trainer decides when to stop)."""
+        if not self.preemption.signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("training runs outside the main thread: trainer.preempt_signals are not handled")
+            return
+        self.preemption.install()
+        for loader in [trainer.loader, *self.loaders]:
+            if getattr(loader, "num_workers", 0) > 0:
+                loader.worker_init_fn = self.preemption.data_worker_init(loader.worker_init_fn)
+
+    def after_step(self, trainer: Trainer) -> None:
+        """Stop after this step, with last.pt, when any rank got a signal."""
+        if trainer.stop_reason is not None:  # training ends here anyway (the same on every rank)
+            return
+        if self.preemption.stop_requested():
+            trainer.request_checkpoint()
+            self._stop(trainer)
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        """A signal during evaluation or the epoch's checkpoint: stop now (this state is saved already)."""
+        if not trainer.finishing and trainer.stop_reason is None and self.preemption.stop_requested():
+            self._stop(trainer)
+
+    def after_train(self, trainer: Trainer) -> None:
+        """Say how to continue, put the previous handlers back, and pass the signal on to them."""
+        self.preemption.uninstall()
+        if self.stopped_after is None:
+            return
+        where = trainer.saver.dir if trainer.saver is not None else "the run directory"
+        log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
+                    "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,
+                    self.stopped_after, where, EXIT_PREEMPTED)
+        self.preemption.pass_on()  # e.g. submitit's handler, which requeues the job
+
+    def _stop(self, trainer: Trainer) -> None:
+        self.stopped_after = trainer.state.progress.step
+        trainer.request_stop(f"{self.preemption.reason} (preemption)", exit_code=EXIT_PREEMPTED)

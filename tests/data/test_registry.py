@@ -1,0 +1,54 @@
+"""DATASETS: one registration per dataset is all validation, the task check and build_datasets need."""
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+from torch.utils.data import TensorDataset
+
+import src.data.datasets
+from src.config import validate_config
+from src.data import DATASETS, DataConfig, Splits, build_datasets, dataset_task
+from src.data.registry import Registry
+
+
+def test_every_dataset_module_registers_and_every_name_has_a_task() -> None:
+    modules = {m.name for m in pkgutil.iter_modules(src.data.datasets.__path__)}
+    registered_by = {e.builder.__module__.rsplit(".", 1)[-1] for e in DATASETS}
+    assert modules == registered_by  # no module without a dataset, none imported from elsewhere
+    assert {n: dataset_task(n) for n in ("shapes", "imagefolder", "shapes_seg", "voc", "segfolder")} == {
+        "shapes": "classification", "imagefolder": "classification", "shapes_seg": "segmentation",
+        "voc": "segmentation", "segfolder": "segmentation"}
+
+
+def test_unknown_name_lists_every_registered_dataset() -> None:
+    with pytest.raises(ValueError, match=r"data\.name must be one of .*segfolder.*; got 'mnist'.*conf/data/"):
+        dataset_task("mnist")
+    with pytest.raises(ValueError, match=r"data\.name must be one of"):
+        DataConfig(name="mnist").validate()
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> Registry:
+    """DATASETS with its current entries, restored after the test (registering is permanent otherwise)."""
+    monkeypatch.setattr(DATASETS, "_entries", dict(DATASETS._entries))
+    return DATASETS
+
+
+def test_one_decorated_builder_is_a_complete_dataset(scratch_registry: Registry) -> None:
+    import torch
+
+    @scratch_registry.register("tiny_seg", task="segmentation", num_classes=3, download=True)
+    def build_tiny(cfg: DataConfig) -> Splits:
+        images = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+        masks = torch.zeros(4, 8, 8, dtype=torch.uint8)
+        return Splits(TensorDataset(images, masks), TensorDataset(images, masks), ["a", "b", "c"])
+
+    bundle = build_datasets(DataConfig(name="tiny_seg", crop_size=8, download=True), seed=0)
+    assert (bundle.task, bundle.num_classes, len(bundle.train)) == ("segmentation", 3, 4)
+    with pytest.raises(ValueError, match=r"data\.num_classes=4 does not match tiny_seg, which has 3"):
+        DataConfig(name="tiny_seg", num_classes=4).validate()
+    # src/config.py's task check reads the same entry: a classification model on it is refused.
+    with pytest.raises(ValueError, match="model.name=resnet20 is a classification model but data.name=tiny_seg"):
+        validate_config({"data": {"name": "tiny_seg"}})
+    assert validate_config({"data": {"name": "tiny_seg"}, "model": {"name": "deeplabv3_resnet18"}}).data.name == "tiny_seg"

@@ -1,0 +1,144 @@
+"""src/engine/preemption.py on its own: real signals to this process, and real gloo ranks that must agree
+on the step to stop at."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from src.engine.preemption import Preemption, parse_signals
+from tests.engine.gloo_ranks import run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_signal_names_are_parsed_and_bad_ones_name_the_key() -> None:
+    assert parse_signals(["SIGTERM", "usr1", "SIGUSR1"]) == (signal.SIGTERM, signal.SIGUSR1)
+    assert parse_signals([]) == ()
+    with pytest.raises(ValueError, match=r"trainer.preempt_signals: unknown signal 'SIGFOO'"):
+        parse_signals(["SIGFOO"])
+    with pytest.raises(ValueError, match="SIGKILL cannot be caught"):
+        parse_signals(["SIGKILL"])
+
+
+def test_a_signal_is_only_recorded_and_handlers_are_restored() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with Preemption(["SIGUSR1"]) as preemption:
+        assert not preemption.stop_requested()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)  # Python runs the handler at the next bytecode of the main thread
+        assert preemption.received == "SIGUSR1"
+        os.kill(os.getpid(), signal.SIGUSR1)  # a second signal (torchrun forwards what SLURM also sent)
+        assert preemption.stop_requested() and preemption.stop_requested()
+        assert preemption.reason == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_the_replaced_handler_gets_the_signal_after_the_stop() -> None:
+    # Under Hydra's submitit launcher that handler is submitit's, which requeues the job.
+    seen: list[int] = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        with Preemption(["SIGUSR2"]) as preemption:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            assert seen == [] and preemption.received == "SIGUSR2"  # nothing passed on while training
+        preemption.pass_on()
+        assert seen == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
+def test_no_signals_configured_catches_nothing() -> None:
+    preemption = Preemption([]).install()
+    try:
+        assert preemption.signals == () and not preemption.stop_requested()
+        assert signal.getsignal(signal.SIGUSR2) is not preemption._on_signal
+    finally:
+        preemption.uninstall()
+
+
+def test_signal_during_a_checkpoint_write_lets_it_finish(tmp_path: Path) -> None:
+    # A write in progress is not interrupted: the handler only records the signal.
+    from src.engine.checkpoint import CheckpointSaver, load_checkpoint
+
+    saver = CheckpointSaver(tmp_path, "top1", 0)  # the trainer's atomic writer
+    payload = {"step": 7, "model": {"w": torch.full((8 * 2**20,), 7.0)}}  # 32 MiB: the write takes a while
+    with Preemption(["SIGUSR1"]) as preemption:
+        timer = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+        path = saver.save_last(payload)
+        written = time.monotonic()
+        timer.join()
+        time.sleep(0.05)
+        assert preemption.stop_requested()
+    # Handled while the write was under way (it takes far longer than the timer's 10 ms) ...
+    assert preemption.received_at is not None and preemption.received_at < written
+    # ... and the file is complete.
+    state = load_checkpoint(path)
+    assert state["step"] == 7 and bool((state["model"]["w"] == 7.0).all())
+
+
+def _stop_steps(rank: int, world: int, scenarios: list[dict[int, int]]) -> list[int]:
+    """For each scenario {rank: step it signals itself at}: the step after which this rank stopped."""
+    stopped = []
+    for signal_steps in scenarios:
+        with Preemption(["SIGUSR1"]) as preemption:
+            for step in range(1, 50):
+                if signal_steps.get(rank) == step:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                    time.sleep(0.05)
+                if preemption.stop_requested():
+                    break
+            stopped.append(step)
+    return stopped
+
+
+def test_ranks_agree_on_the_step_to_stop_at() -> None:
+    # Only rank 1 is signalled (step 4); ranks 0 and 2 at different steps (9 and 5): the first one wins.
+    assert run_ranks(_stop_steps, 3, [{1: 4}, {0: 9, 2: 5}]) == [[4, 5]] * 3
+
+
+_DATA_WORKER = r"""
+import os, signal, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from src.engine.preemption import Preemption
+
+class Slow(Dataset):
+    def __len__(self): return 40
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.tensor(i)
+
+preemption = Preemption(["SIGTERM"]).install()
+for mode in ("data_worker_init", "default"):
+    loader = DataLoader(Slow(), batch_size=2, num_workers=2)
+    if mode == "data_worker_init":
+        loader.worker_init_fn = preemption.data_worker_init()
+    seen = 0
+    try:
+        for batch in loader:
+            seen += 1
+            if seen == 3:
+                os.killpg(os.getpgrp(), signal.SIGTERM)  # as torchrun stops a worker: its whole process group
+        print(mode, "batches", seen, flush=True)
+    except RuntimeError as err:
+        print(mode, "failed:", err, flush=True)
+"""
+
+
+def test_data_workers_survive_the_signal_with_data_worker_init() -> None:
+    proc = subprocess.run([sys.executable, "-c", _DATA_WORKER], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "data_worker_init batches 20" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    # What it prevents: without it the loader's workers die and take the epoch with them.
+    assert "default failed: DataLoader worker" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -1,0 +1,68 @@
+"""SyncBatchNorm on 2 real gloo processes running our CUDA kernels (emulated on the CPU) == one-process
+nn.BatchNorm on the concatenated batch: forward, all gradients, running statistics (bn_cases.py).
+
+SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated makes src.syncbn.functions.kernel_ops() return the emulated
+build, in this process and in the spawned ranks; the emulated device is a 16-SM Orin, whose few
+resident blocks split these small batches across several blocks per channel. A subset of the CPU
+equivalence cases (test_distributed_equivalence.py) that covers layouts, dtypes, empty ranks and the
+cumulative momentum.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.syncbn.bn_cases import compare, make_case, run_cases
+from tests.syncbn.multiproc import run_group
+from tests.syncbn.test_distributed_equivalence import CASES as EQUIVALENCE_CASES, _shapes
+
+pytestmark = pytest.mark.cuda_emulated
+
+SUBSET = ["bn2d_unequal", "bn3d_unequal", "rank_with_zero_samples", "all_ranks_empty", "one_rank_single_value",
+          "affine_false", "momentum_none_3_steps", "channels_last", "channels_last_3d", "strided_input", "float64",
+          "float16", "bfloat16_channels_last"]
+WORLD = 2
+
+
+def run_emulated(rank: int, world: int, payload: dict) -> dict:
+    """run_cases on this rank, plus which kernels ran and how many emulated launches they made."""
+    from src.syncbn.functions import kernel_ops
+
+    ops = kernel_ops()
+    before = ops.counters()["launches"]
+    results = run_cases(rank, world, payload)
+    return {"ops": ops.__name__, "launches": ops.counters()["launches"] - before, "results": results}
+
+
+@pytest.fixture(scope="module")
+def world_results(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    cases = []
+    for i, name in enumerate(SUBSET):
+        cls, c, batches, rest, opts = EQUIVALENCE_CASES[name]
+        opts = dict(opts)
+        steps = opts.pop("steps", 1)
+        cases.append(make_case(name, cls, c, _shapes(batches, rest, c, WORLD, steps), seed=900 + i, **opts))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulated")
+        mp.setenv("SYNCTRAIN_SIMT_DEVICE", "orin")
+        out = run_group(WORLD, run_emulated, {"device": "cpu", "cases": cases}, tmp_path_factory.mktemp("emu"))
+    return {c["name"]: c for c in cases}, out
+
+
+def test_ranks_ran_the_emulated_cuda_kernels(world_results):
+    _, out = world_results
+    for rank in out:
+        assert rank["ops"].startswith("syncbn_cudaemu_") and rank["launches"] > 0, rank["ops"]
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_matches_one_process_batchnorm(world_results, name: str) -> None:
+    cases, out = world_results
+    compare(cases[name], [rank["results"] for rank in out], [list(range(WORLD))])
+
+
+def test_unknown_kernel_choice_is_an_error(monkeypatch):
+    from src.syncbn.functions import kernel_ops
+
+    monkeypatch.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulate")
+    with pytest.raises(ValueError, match="SYNCTRAIN_SYNCBN_KERNELS='cuda-emulate': expected 'cuda-emulated' or unset"):
+        kernel_ops()
