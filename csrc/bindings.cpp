@@ -1,5 +1,16 @@
-// Python bindings for the five SyncBN kernels (csrc/syncbn.h). Each op dispatches on the input's
-// device here, so the Python side (src/syncbn/functions.py) never branches on it.
+// The five SyncBN kernels (csrc/syncbn.h) as PyTorch operators and as Python functions. Each op
+// dispatches on the input's device here, so the Python side (src/syncbn/functions.py) never branches
+// on it.
+//
+// Operators: TORCH_LIBRARY registers the five ops under the namespace TORCH_EXTENSION_NAME (the
+// variant's cache name, e.g. syncbn_cpu_avx512_<hash>), with schemas that declare the in-place update
+// of the running statistics, for the CPU and CUDA dispatch keys. torch.compile traces them through
+// the fake (meta) implementations in src/syncbn/fake_kernels.py; eager calls reach these C++
+// functions through the dispatcher. A per-variant namespace lets two variants (or an emulation
+// build of the same sources) live in one process without a duplicate-registration error.
+//
+// Python functions: the same five, bound directly (the module's attributes), for kernel tests and
+// benchmarks that call the kernels without the dispatcher.
 #include "syncbn.h"
 
 namespace {
@@ -55,9 +66,42 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
 
 }  // namespace syncbn
 
+// Tags: pt2_compliant_tag (the schemas, fake implementations and aliasing are PT2-correct; checked
+// by torch.library.opcheck in tests/syncbn/test_custom_ops.py); needs_exact_strides because the
+// kernels take only dense contiguous or channels_last inputs, in exactly the strides they were traced
+// with, so Inductor must not hand them a re-laid-out or padded buffer.
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag, at::Tag::needs_exact_strides};
+  m.def("batch_norm_stats(Tensor input) -> Tensor", tags);
+  m.def("batch_norm_gather_stats(Tensor gathered, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+        "Tensor? num_batches_tracked, float momentum, float eps, bool acc_double) -> (Tensor, Tensor, Tensor)",
+        tags);
+  m.def("batch_norm_elemt(Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor invstd) -> Tensor",
+        tags);
+  m.def("batch_norm_backward_reduce(Tensor grad_out, Tensor input, Tensor mean, Tensor invstd) -> Tensor",
+        tags);
+  m.def("batch_norm_backward_elemt(Tensor grad_out, Tensor input, Tensor mean, Tensor invstd, "
+        "Tensor? weight, Tensor reduced, Tensor count) -> Tensor",
+        tags);
+}
+
+// The device dispatchers above serve both keys: without CUDA they raise no_cuda's message for CUDA
+// tensors instead of the dispatcher's generic "could not run ... with the CUDA backend".
+#define SYNCBN_IMPL_ALL(m)                                                  \
+  m.impl("batch_norm_stats", &syncbn::batch_norm_stats);                     \
+  m.impl("batch_norm_gather_stats", &syncbn::batch_norm_gather_stats);       \
+  m.impl("batch_norm_elemt", &syncbn::batch_norm_elemt);                     \
+  m.impl("batch_norm_backward_reduce", &syncbn::batch_norm_backward_reduce); \
+  m.impl("batch_norm_backward_elemt", &syncbn::batch_norm_backward_elemt)
+
+TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CPU, m) { SYNCBN_IMPL_ALL(m); }
+TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA, m) { SYNCBN_IMPL_ALL(m); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "SyncTrain SyncBatchNorm kernels (contract: csrc/syncbn.h)";
+  // torch.ops.<ops_namespace>.<op> are the dispatcher operators registered above.
+  m.attr("ops_namespace") = py::str(C10_STRINGIZE(TORCH_EXTENSION_NAME));
   m.def("batch_norm_stats", &syncbn::batch_norm_stats, py::arg("input"),
         "Per-channel [count, mean, M2] of the local batch (float64 [2*C+1]).");
   m.def("batch_norm_gather_stats", &syncbn::batch_norm_gather_stats, py::arg("gathered"),

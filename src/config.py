@@ -26,6 +26,7 @@ AMP_MODES = ("none", "bf16", "fp16")
 DTYPES = ("float32", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 BUFFER_SYNC = ("reduce", "broadcast", "none")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's mode= (default: None)
 METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
 
 
@@ -131,6 +132,10 @@ class TrainerConfig:
     num_threads: int = 0
     progress_bar: bool = True
     tensorboard: bool = True
+    # torch.compile the forward module (after DDP wrapping); evaluation runs the same compiled model in
+    # eval mode. compile_mode is torch.compile's mode (reduce-overhead adds CUDA graphs on GPUs).
+    compile: bool = False
+    compile_mode: str = "default"
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
@@ -162,6 +167,7 @@ class TrainerConfig:
         parse_signals(self.preempt_signals)
         _positive("trainer.ddp_bucket_cap_mb", self.ddp_bucket_cap_mb)
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
+        _one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         _non_negative("trainer.num_threads", self.num_threads)
 
 
@@ -244,6 +250,23 @@ def _check_across_groups(cfg: TrainConfig) -> None:
         raise ValueError("trainer.mixup_alpha / trainer.cutmix_alpha apply to classification only; set them to 0")
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":
         raise ValueError("trainer.amp=fp16 needs a GPU; on the CPU use trainer.amp=bf16 or none")
+    if cfg.trainer.compile:
+        _check_compilable(cfg)
+
+
+def _check_compilable(cfg: TrainConfig) -> None:
+    """Options torch.compile cannot trace, refused before any process starts compiling."""
+    norm = cfg.norm
+    # Their schedule is Python state that changes between training forwards (a forward counter seeded by
+    # a host read of num_batches_tracked, the optimizer step): Dynamo would break the graph or recompile
+    # at every step until its recompile limit.
+    for key, value, off in (("sync_every", norm.sync_every, 1), ("sync_until_step", norm.sync_until_step, None)):
+        if value != off:
+            raise ValueError(
+                f"trainer.compile=true cannot compile norm.{key}={value}: that schedule is Python state that "
+                f"changes between steps, so torch.compile would break the graph or recompile at every step; "
+                f"use trainer.compile=false with it, or norm.{key}={'null' if off is None else off}"
+            )
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:

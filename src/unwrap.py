@@ -2,6 +2,7 @@
 
 Builders (parameter groups), the trainer (EMA, checkpoints) and the evaluator all need the bare module:
 its state_dict keys carry no `module.` / `_orig_mod.` prefix, and its forward never communicates.
+`without_ddp` is what evaluation runs: no DDP, but a compiled bare model stays compiled.
 """
 from __future__ import annotations
 
@@ -17,3 +18,11 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def without_ddp(model: nn.Module) -> nn.Module:
+    """`model` without DDP / DataParallel (whose forward may communicate); torch.compile around the bare model is kept."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and unwrap_model(inner) is inner:
+        return model  # compiled bare model: its forward never communicates either
+    return unwrap_model(model)

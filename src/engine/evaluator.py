@@ -27,7 +27,7 @@ from src import dist
 from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.exports import export_classification, export_segmentation
 from src.engine.metrics import ConfusionMatrix, topk_correct
-from src.unwrap import unwrap_model
+from src.unwrap import without_ddp
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -70,7 +70,8 @@ def evaluate(
         raise ValueError(f"task must be 'classification' or 'segmentation', got {task!r}")
     device = torch.device(device)
     # Not through DDP: ranks run different numbers of batches, and DDP's forward may synchronise buffers.
-    net = unwrap_model(model)
+    # A compiled bare model (trainer.compile) is kept: evaluation runs its compiled eval-mode graph.
+    net = without_ddp(model)
     with eval_mode(net), torch.inference_mode():
         if task == "classification":
             return _evaluate_classification(net, loader, num_classes, device, amp, loss_fn, export)

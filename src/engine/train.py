@@ -20,6 +20,7 @@ from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
 from src.engine.checkpoint import CheckpointSaver
+from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.ema import build_ema
 from src.engine.evaluator import evaluate
 from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
@@ -66,6 +67,9 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         try:
             trainer, metrics = _train(cfg, typed, device, run_dir, tracker)
         except RuntimeError as err:
+            failure = compile_failure(err, typed) if typed.trainer.compile else None
+            if failure is not None:
+                raise failure from None  # PyTorch's reason is in the message; its traceback page is not
             if not dist.is_timeout(err):
                 raise
             # gloo / NCCL say only "Timed out waiting 20000ms": name the setting and the usual causes.
@@ -106,11 +110,14 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     _resume(state, settings.resume, run_dir)
     check_norm_health(model, "start", strict=True)
 
+    module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
+
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, typed.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
                       hooks=build_hooks(typed, task, data, val_loader, tracker, device, norm_sync),
                       saver=CheckpointSaver(run_dir, best_metric_of(typed), settings.keep_best),
-                      mix=build_mix(settings, data.num_classes), buffer_sync=buffer_sync_mode(typed))
+                      mix=build_mix(settings, data.num_classes), eval_module=eval_module,
+                      buffer_sync=buffer_sync_mode(typed))
     trainer.train()
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
@@ -145,6 +152,8 @@ def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any
         hooks.append(SampleGridHook(partial(_log_grid, tracker, typed)))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, typed, task, data, device)))
     hooks.append(CheckpointHook(settings.checkpoint_every))
+    if settings.compile:
+        hooks.append(CompileReport())
     # Last: it sees the step's or the epoch's checkpoint already requested or written.
     hooks.append(PreemptionHook(settings.preempt_signals, loaders=[val_loader]))
     return hooks

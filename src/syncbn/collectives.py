@@ -1,9 +1,16 @@
 """The two collectives of SyncBN: one all_gather of packed statistics, one all_reduce of packed grads.
 
+Both are functional collectives (`torch.ops._c10d_functional`): they take the process group by
+*name* and return a new tensor, so torch.compile traces them into the graph (Inductor then schedules
+them like any other op) and eager mode runs the very same ops. A process-group object never enters
+the traced code: `resolve_group` turns the layer's group into (name, size) first.
+
 Nothing here sets a timeout: every collective inherits the timeout of its process group
 (`init_process_group(timeout=...)`), so a rank that never arrives fails the others instead of hanging.
-`call_counts` records how many collectives this process issued; the tests use it to prove "exactly one
-per forward, one per backward, none in eval" (incrementing a dict is negligible next to a collective).
+`call_counts` records how many collectives this process issued in eager mode; the tests use it to prove
+"exactly one per forward, one per backward, none in eval" (incrementing a dict is negligible next to a
+collective). Compiled code does not touch it (a Python side effect in a graph would be replayed as a
+constant and guarded on); the compile tests count the collective ops in the compiled graphs instead.
 """
 from __future__ import annotations
 
@@ -14,10 +21,7 @@ import torch.distributed as dist
 
 call_counts: dict[str, int] = {"all_gather": 0, "all_reduce": 0}
 
-# torch >= 2.x names the flat gather `all_gather_single` (all_gather_into_tensor is its deprecated
-# alias). Both accept a flat [W * n] output on gloo and NCCL; gloo rejects the stacked [W, n] form,
-# so we always gather into a flat buffer and view it as [W, n] (a view, no copy).
-_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_c10d = torch.ops._c10d_functional
 
 
 def process_group_available() -> bool:
@@ -25,14 +29,14 @@ def process_group_available() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None) -> tuple[Optional[Any], int]:
-    """(group, size) for a layer's process_group (None = WORLD, looked up now); size 1 without a group.
+def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None) -> tuple[str, int]:
+    """(group name, size) for a layer's process_group (None = WORLD, looked up now); ("", 1) without a group.
 
     group_size, when set, replaces process_group: this rank's group of that many consecutive ranks
     (created beforehand by `groups.create_rank_groups`).
     """
     if not process_group_available():
-        return None, 1
+        return "", 1
     if group_size is not None:
         from .groups import rank_group
 
@@ -45,25 +49,20 @@ def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None
             "give each rank a group it belongs to (every rank calls new_group for every group, then "
             "passes its own one to convert_sync_batchnorm)"
         )
-    return group, size
+    return group.group_name, size
 
 
-def all_gather_stats(local: torch.Tensor, group: Any, world_size: int) -> torch.Tensor:
+def all_gather_stats(local: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
     """Gather every rank's packed [2C+1] statistics into one [W, 2C+1] tensor (one collective)."""
-    call_counts["all_gather"] += 1
-    local = local.contiguous()
-    if _gather_single is not None:
-        flat = torch.empty(world_size * local.numel(), dtype=local.dtype, device=local.device)
-        _gather_single(flat, local, group=group)
-        return flat.view(world_size, local.numel())
-    # Older torch without a single-tensor gather: the list form is still exactly one collective.
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local, group=group)
-    return torch.stack(parts)
+    if not torch.compiler.is_compiling():
+        call_counts["all_gather"] += 1
+    # Gathered flat along dim 0 (what gloo and NCCL both take), then viewed as [W, 2C+1]: no copy.
+    flat = _c10d.all_gather_into_tensor(local.contiguous(), world_size, group_name)
+    return _c10d.wait_tensor(flat).view(world_size, local.numel())
 
 
-def all_reduce_grads(packed: torch.Tensor, group: Any) -> torch.Tensor:
-    """Sum the packed [2C] backward reductions over the group, in place (one collective)."""
-    call_counts["all_reduce"] += 1
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
-    return packed
+def all_reduce_grads(packed: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The group sum of the packed [2C] backward reductions, as a new tensor (one collective)."""
+    if not torch.compiler.is_compiling():
+        call_counts["all_reduce"] += 1
+    return _c10d.wait_tensor(_c10d.all_reduce(packed, "sum", group_name))

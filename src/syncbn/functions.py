@@ -3,41 +3,129 @@
 Forward (training): local Welford stats -> one all_gather of packed [n, mean, M2] -> Chan merge on the
 device (running stats updated there) -> normalise. Backward: local [sum dy, sum dy*xhat] -> one
 all_reduce -> dx. The kernels (csrc/syncbn.h) never branch on the device; neither does this file.
-Nothing here reads a device value on the host except when this rank holds at most one value per
-channel (then the global count decides whether F.batch_norm's "more than 1 value" error applies).
+
+torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
+implementations (fake_kernels.py), the collectives are functional collectives on a group name, and
+nothing here reads a device value on the host except when this rank holds at most one value per
+channel (then the global count decides whether F.batch_norm's "more than 1 value" error applies; that
+check is an operator too, so it stays in the graph).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import collectives
+from .fake_kernels import OP_NAMES, register_fakes
 
-_OPS: Any = None
 
+@dataclass(frozen=True)
+class KernelOps:
+    """The five kernel ops as callables, and where they come from.
 
-def kernel_ops() -> Any:
-    """The compiled kernel module (built or loaded once per process, on first use).
-
-    SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated selects the CUDA kernels run on the CPU by the SIMT emulation
-    (tests: CPU tensors through the CUDA code; see extension.load_emulated_cuda_extension).
+    `traceable`: they are dispatcher operators (torch.ops.<namespace>) with fake implementations, so
+    torch.compile can trace them; otherwise they are plain Python-bound functions (eager only).
     """
+
+    batch_norm_stats: Callable[..., Any]
+    batch_norm_gather_stats: Callable[..., Any]
+    batch_norm_elemt: Callable[..., Any]
+    batch_norm_backward_reduce: Callable[..., Any]
+    batch_norm_backward_elemt: Callable[..., Any]
+    traceable: bool
+    library: Optional[str]  # file of the loaded extension, if it is one
+    module: Any = None  # the extension itself: its other attributes (e.g. the emulation's counters) read through
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__") and name != "__name__":
+            raise AttributeError(name)  # copy/pickle probes: not the module's
+        return getattr(self.module, name)
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> "KernelOps":
+        """The ops of a loaded kernel extension: its operators when it registered them, else its functions."""
+        namespace = getattr(module, "ops_namespace", None)
+        if namespace is not None:
+            register_fakes(namespace)
+            packet = getattr(torch.ops, namespace)
+            # The overloads themselves, not the packets: one lookup less per call in eager mode.
+            fns = {name: getattr(packet, name).default for name in OP_NAMES}
+        else:
+            fns = {name: getattr(module, name) for name in OP_NAMES}
+        return cls(**fns, traceable=namespace is not None, library=getattr(module, "__file__", None), module=module)
+
+
+_OPS: Optional[KernelOps] = None
+
+
+def use_kernel_module(module: ModuleType) -> KernelOps:
+    """Make `module` (a loaded kernel extension) the kernels of this process; returns its ops."""
     global _OPS
-    choice = os.environ.get("SYNCTRAIN_SYNCBN_KERNELS", "")
-    if choice == "cuda-emulated":
-        from .extension import emulated_cuda_ops
-
-        return emulated_cuda_ops()
-    if choice:
-        raise ValueError(f"SYNCTRAIN_SYNCBN_KERNELS={choice!r}: expected 'cuda-emulated' or unset")
-    if _OPS is None:
-        from .extension import load_extension  # deferred: importing src.syncbn never compiles
-
-        _OPS = load_extension()
+    _OPS = KernelOps.from_module(module)
     return _OPS
+
+
+def _load_kernel_module() -> ModuleType:
+    from .extension import load_extension  # deferred: importing src.syncbn never compiles
+
+    return load_extension()
+
+
+@torch.compiler.assume_constant_result
+def _kernels_loaded() -> bool:
+    # torch.compile runs this for real while tracing (its result is a constant of the graph), so
+    # the first call of a compiled model may also be the process's first use of the kernels: they
+    # are loaded then, instead of Dynamo trying to trace the loader (a graph break).
+    if _OPS is None:
+        use_kernel_module(_load_kernel_module())
+    return True
+
+
+KERNELS_ENV = "SYNCTRAIN_SYNCBN_KERNELS"
+_FROM_ENV: dict[str, KernelOps] = {}
+
+
+def _kernels_from_env(choice: str) -> KernelOps:
+    """The kernels SYNCTRAIN_SYNCBN_KERNELS names: cuda-emulated = the CUDA kernels run on the CPU by the SIMT
+    emulation (CPU tensors through the CUDA code; eager only), loaded once per process."""
+    if choice != "cuda-emulated":
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'cuda-emulated' or unset")
+    ops = _FROM_ENV.get(choice)
+    if ops is None:
+        from . import extension
+
+        load = getattr(extension, "emulated_cuda_ops", None)
+        if load is None:
+            raise RuntimeError(f"{KERNELS_ENV}=cuda-emulated needs the CUDA emulation build "
+                               "(src.syncbn.extension.emulated_cuda_ops), which this checkout does not have")
+        ops = _FROM_ENV[choice] = KernelOps.from_module(load())
+    return ops
+
+
+def kernel_ops() -> KernelOps:
+    """The kernel ops (the extension is built or loaded once per process, on first use).
+
+    SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated selects the emulated CUDA kernels instead (read at every
+    call, so a test may switch it on and off).
+    """
+    choice = os.environ.get(KERNELS_ENV, "")
+    if choice:
+        ops = _kernels_from_env(choice)
+    else:
+        _kernels_loaded()
+        assert _OPS is not None
+        ops = _OPS
+    if not ops.traceable and torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"the SyncBN kernels in use ({ops.library}) are plain Python functions, which "
+            f"torch.compile cannot trace; run this model eagerly, or unset {KERNELS_ENV} for the default kernels"
+        )
+    return ops
 
 
 def kernel_memory_format(x: torch.Tensor) -> torch.memory_format:
@@ -57,27 +145,45 @@ def kernel_memory_format(x: torch.Tensor) -> torch.memory_format:
     return suggest_memory_format(x)
 
 
-def _acc_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def _one_value_error(shape: Sequence[int], world_size: int) -> ValueError:
+    where = "" if world_size == 1 else f" on this rank, 1 value per channel in the whole group of {world_size}"
+    return ValueError(
+        f"Expected more than 1 value per channel when training, got input size {torch.Size(shape)}{where}; "
+        "use a larger batch, or eval mode"
+    )
+
+
+# cudagraph_unsafe: it reads a device value on the host, which a CUDA graph cannot capture; Inductor
+# (mode="reduce-overhead") then partitions its CUDA graphs around it. Only graphs traced for a
+# rank holding at most one value per channel contain it.
+@torch.library.custom_op(
+    "synctrain::require_more_than_one_value", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,)
+)
+def _require_more_than_one_value(gathered: torch.Tensor, input_shape: Sequence[int]) -> torch.Tensor:
+    """Raise F.batch_norm's ValueError if the gathered rows hold one value per channel in all; else pass them on."""
+    if int(gathered[:, 0].sum().item()) == 1:  # one host read: only ranks holding <= 1 value get here
+        raise _one_value_error(input_shape, gathered.shape[0])
+    return gathered.clone()  # an operator's output may not alias its input
+
+
+@_require_more_than_one_value.register_fake
+def _(gathered: torch.Tensor, input_shape: Sequence[int]) -> torch.Tensor:
+    return torch.empty_like(gathered)
 
 
 def _check_more_than_one_value(
-    x: torch.Tensor, local_count: int, gathered: torch.Tensor, world_size: int
-) -> None:
-    """Raise F.batch_norm's ValueError when the whole group holds exactly one value per channel.
+    x: torch.Tensor, local_count: int, gathered: torch.Tensor
+) -> torch.Tensor:
+    """`gathered`, after raising F.batch_norm's ValueError when the whole group holds one value per channel.
 
-    Only ranks with local_count <= 1 look at the global count (one host read). If the global count is 1,
-    every rank has local_count <= 1, so every rank looks and raises: the group stays consistent.
+    Only ranks with local_count <= 1 look at the global count (one host read, inside an operator, so
+    a compiled graph keeps it without a break). If the global count is 1, every rank has local_count
+    <= 1, so every rank looks and raises: the group stays consistent. local_count comes from the
+    shape, so under torch.compile this branch is decided while tracing.
     """
     if local_count > 1:
-        return
-    total = local_count if world_size == 1 else int(gathered[:, 0].sum().item())
-    if total == 1:
-        where = "" if world_size == 1 else f" on this rank, 1 value per channel in the whole group of {world_size}"
-        raise ValueError(
-            f"Expected more than 1 value per channel when training, got input size {x.size()}{where}; "
-            "use a larger batch, or eval mode"
-        )
+        return gathered
+    return _require_more_than_one_value(gathered, list(x.shape))
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
@@ -94,7 +200,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         num_batches_tracked: Optional[torch.Tensor],
         momentum: float,
         eps: float,
-        group: Any,
+        group_name: str,
         world_size: int,
     ) -> torch.Tensor:
         ops = kernel_ops()
@@ -105,22 +211,22 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
         local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
         if world_size > 1:
-            gathered = collectives.all_gather_stats(local, group, world_size)
+            gathered = collectives.all_gather_stats(local, group_name, world_size)
         else:
             gathered = local.view(1, -1)
-        _check_more_than_one_value(x, local_count, gathered, world_size)
+        gathered = _check_more_than_one_value(x, local_count, gathered)
 
         mean, invstd, count = ops.batch_norm_gather_stats(
             gathered, running_mean, running_var, num_batches_tracked, momentum, eps,
             x.dtype == torch.float64,
         )
-        if local_count > 0:
-            y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
-        else:  # this rank only joined the collective; nothing to normalise
-            y = torch.empty_like(x)
+        # Also on a rank with an empty batch (the kernel then returns an empty y): y must depend on
+        # the gathered statistics, or a compiled graph would drop the all_gather as dead code on
+        # that rank (functional collectives are pure ops) while its peers wait in it.
+        y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
 
         ctx.save_for_backward(x, weight, mean, invstd, count)
-        ctx.group, ctx.world_size, ctx.fmt = group, world_size, fmt
+        ctx.group_name, ctx.world_size, ctx.fmt = group_name, world_size, fmt
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return y
 
@@ -133,25 +239,21 @@ class SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         dy = grad_out.contiguous(memory_format=ctx.fmt)  # the kernels take dy in x's layout
 
-        if x.numel() > 0:
-            reduced = ops.batch_norm_backward_reduce(dy, x, mean, invstd)  # [sum dy, sum dy*xhat]
-        else:
-            reduced = torch.zeros(2 * channels, dtype=_acc_dtype(x), device=x.device)
+        reduced = ops.batch_norm_backward_reduce(dy, x, mean, invstd)  # [sum dy, sum dy*xhat]; 0 if empty
 
-        # Local parameter grads (PyTorch's convention: DDP averages them), taken before the
-        # in-place all_reduce turns `reduced` into the group sums.
+        # Local parameter grads (PyTorch's convention: DDP averages them), each in its own memory
+        # rather than views of one buffer; the all_reduce below returns the group sums as a new
+        # tensor and leaves `reduced` as it is.
         grad_weight = reduced[channels:].to(weight.dtype, copy=True) if need_weight and weight is not None else None
         grad_bias = reduced[:channels].to(ctx.bias_dtype, copy=True) if need_bias else None
 
         grad_input = None
         if need_input:
-            # Every rank joins the all_reduce, empty or not, so peers never wait on it.
+            # Every rank joins the all_reduce, empty or not, so peers never wait on it; and, as in
+            # the forward, dx depends on its result even when empty, so no graph drops it.
             if ctx.world_size > 1:
-                collectives.all_reduce_grads(reduced, ctx.group)
-            if x.numel() > 0:
-                grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
-            else:
-                grad_input = torch.zeros_like(x)
+                reduced = collectives.all_reduce_grads(reduced, ctx.group_name)
+            grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
@@ -164,10 +266,11 @@ def sync_batch_norm(
     num_batches_tracked: Optional[torch.Tensor],
     momentum: float,
     eps: float,
-    group: Any,
+    group_name: str,
     world_size: int,
 ) -> torch.Tensor:
-    """Training-mode batch norm over the group; momentum < 0 means cumulative average (1/num_batches_tracked)."""
+    """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked)."""
     return SyncBatchNormFunction.apply(
-        input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group, world_size
+        input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
+        world_size,
     )

@@ -104,20 +104,20 @@ class SyncBatchNorm(_BatchNorm):
             momentum = float(self.momentum)
         else:  # cumulative average: the kernel uses 1 / num_batches_tracked (negative = that mode)
             momentum = -1.0 if num_batches_tracked is not None else 0.0
-        group, world_size = self._sync_group()
+        group_name, world_size = self._sync_group()
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
-            momentum, float(self.eps), group, world_size,
+            momentum, float(self.eps), group_name, world_size,
         )
 
-    def _sync_group(self) -> tuple[Optional[Any], int]:
-        """(group, size) this training forward normalises over; (None, 1) = this rank's batch alone.
+    def _sync_group(self) -> tuple[str, int]:
+        """(group name, size) this training forward normalises over; ("", 1) = this rank's batch alone.
 
         The one place that decides whether a forward communicates; the backward follows its forward
         (functions.py keeps the group and size the forward used).
         """
         if self.sync_until_step is not None and self.optimizer_step >= self.sync_until_step:
-            return None, 1
+            return "", 1
         if self.sync_every > 1:
             if self._forwards is None:  # first forward since construction or load: one host read
                 tracked = self.num_batches_tracked if self.track_running_stats else None
@@ -125,7 +125,7 @@ class SyncBatchNorm(_BatchNorm):
                 self._forwards = int(tracked) - 1 if tracked is not None else 0
             index, self._forwards = self._forwards, self._forwards + 1
             if index % self.sync_every:
-                return None, 1
+                return "", 1
         return resolve_group(self.process_group, self.group_size)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:

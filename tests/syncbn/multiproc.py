@@ -33,7 +33,7 @@ def _use_parent_kernels(library: Optional[str]) -> None:
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    functions._OPS = module
+    functions.use_kernel_module(module)
 
 
 def _child(
@@ -77,7 +77,8 @@ def run_group(
     # inside the children would eat into the join deadline. The children then import this very library.
     from src.syncbn.functions import kernel_ops
 
-    library = getattr(kernel_ops(), "__file__", None)
+    ops = kernel_ops()
+    library = ops.library if ops.traceable else None  # other kernels (the emulation) the children pick themselves
     tmp_path.mkdir(parents=True, exist_ok=True)
     torch.save(payload, tmp_path / "payload.pt")
     ctx = mp.get_context("spawn")

@@ -1,0 +1,215 @@
+"""torch.compile(fullgraph=True) of a model with our SyncBN on 2 real gloo processes equals eager mode.
+
+One spawn runs every phase (starting Python + torch in the children costs seconds; Inductor's C++
+compiles cost more, so only one phase uses Inductor). Each phase trains a float64 model with SyncBN
+layers of every kind (momentum=0.1, momentum=None, track_running_stats=False, affine=False) compiled
+with fullgraph=True, step by step next to an eager copy of it (same initial weights, same data, SGD),
+and compares outputs, input grads, parameter grads and every buffer (running statistics,
+num_batches_tracked) after every step.
+
+Tolerance (float64): compiled code runs the same kernels, but Inductor fuses and reorders the
+elementwise work around them, so results differ by rounding only (observed <= 3e-14 absolute on these
+O(1) values); 1e-9 relative / 1e-11 absolute is far above that and far below what a wrong statistic or
+gradient gives (>= 1e-3).
+
+Also checked: no graph breaks, one graph per phase over all steps (no recompilation) where the
+shapes stay the same, and that the compiled graphs hold exactly one all_gather per SyncBN layer in
+the forward and one all_reduce per layer in the backward (the eager counter, collectives.call_counts,
+is not incremented by compiled code, so the graphs themselves are counted).
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d
+from tests.syncbn.multiproc import run_group
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+TOL = dict(rtol=1e-9, atol=1e-11)
+SYNCBN_LAYERS = 4  # in Net
+GATHER = "_c10d_functional.all_gather_into_tensor"
+REDUCE = "_c10d_functional.all_reduce"
+CHECK = "synctrain.require_more_than_one_value"
+
+# name -> (backend, per-step per-rank batch sizes, how many graphs Dynamo may build over the steps)
+PHASES = {
+    # Uneven batches, same shapes every step: one graph, reused.
+    "aot_uneven": ("aot_eager", [[3, 5]] * 3, 1),
+    # Rank 1 holds no samples: it still joins every collective, in the compiled graph too.
+    "aot_empty_rank": ("aot_eager", [[4, 0]] * 2, 1),
+    # Batch sizes change every step: the second size recompiles with a dynamic batch dimension
+    # (Dynamo's automatic dynamic shapes), and every later size reuses that graph.
+    "aot_changing_batch": ("aot_eager", [[2, 3], [3, 4], [4, 6], [5, 2]], 2),
+    # Inductor (C++ kernels on the CPU) around our operators and the functional collectives.
+    "inductor_uneven": ("inductor", [[3, 5]] * 2, 1),
+    # The same with an empty rank. Inductor's layout optimisation is off here: with it, PyTorch's own
+    # convolution_backward returns weight grads in other strides than its meta function says when the
+    # batch is empty (Inductor's stride assertion fails for a plain nn.Conv2d net, without SyncBN).
+    "inductor_empty_rank": ("inductor", [[4, 0]] * 2, 1),
+}
+INDUCTOR_CONFIG = {"inductor_empty_rank": {"layout_optimization": False}}
+
+
+class Net(nn.Module):
+    """conv-SyncBN-ReLU x2, then linear-SyncBN1d layers: every SyncBN configuration in one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 4, 3), SyncBatchNorm2d(4), nn.ReLU(),
+            nn.Conv2d(4, 4, 3), SyncBatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(),
+        )
+        self.head = nn.Sequential(
+            nn.Linear(4 * 4 * 4, 6), SyncBatchNorm1d(6, track_running_stats=False), nn.ReLU(),
+            nn.Linear(6, 3), SyncBatchNorm1d(3, affine=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def _graph_recorder(graphs: dict[str, list[str]]) -> Any:
+    """aot_eager that also keeps the forward and backward graphs' code, to count their collectives."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def keep(kind: str):
+        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            graphs[kind].append(gm.code)
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, g: torch.Tensor) -> dict:
+    """One training step; what it computed, and the buffers after it."""
+    x = x.clone().requires_grad_()
+    y = model(x)
+    (y * g).sum().backward()
+    rec = {"y": y.detach().cpu(), "dx": x.grad.cpu(),
+           "grads": [p.grad.detach().cpu().clone() for p in model.parameters()]}
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    rec["buffers"] = [b.detach().cpu().clone() for b in model.buffers()]
+    return rec
+
+
+def run_phases(rank: int, world: int, payload: dict) -> dict[str, Any]:
+    """Child: every phase on this rank; compiled and eager records per step, graph counts, code."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    device = payload["device"]
+    out: dict[str, Any] = {}
+    for name, (backend_name, _, _) in PHASES.items():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        eager = Net().double().to(device)
+        model = copy.deepcopy(eager)
+        graphs: dict[str, list[str]] = {"forward": [], "backward": []}
+        backend = _graph_recorder(graphs) if backend_name == "aot_eager" else backend_name
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        opt_c = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+        steps = []
+        with torch._inductor.config.patch(INDUCTOR_CONFIG.get(name, {})):
+            for s, step in enumerate(payload["data"][name]):
+                x, g = step["x"][rank].to(device), step["g"][rank].to(device)
+                if backend_name == "inductor" and s == 0:  # keep the generated code of the first step
+                    rec, graphs["inductor"] = run_and_get_code(_step, compiled, opt_c, x, g)
+                else:
+                    rec = _step(compiled, opt_c, x, g)
+                steps.append({"compiled": rec, "eager": _step(eager, opt_e, x, g)})
+        out[name] = {"steps": steps, "graphs": graphs, "unique_graphs": counters["stats"]["unique_graphs"],
+                     "graph_breaks": dict(counters["graph_break"])}
+    out["one_value"] = _one_value_in_group(device, rank)
+    return out
+
+
+def _one_value_in_group(device: str, rank: int) -> str:
+    """Rank 0 holds one sample, rank 1 none: compiled, every rank must raise F.batch_norm's ValueError."""
+    torch._dynamo.reset()
+    layer = torch.compile(SyncBatchNorm1d(3).to(device), fullgraph=True, backend="aot_eager")
+    try:
+        layer(torch.randn(1 if rank == 0 else 0, 3, device=device))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _data(world: int) -> dict[str, list[dict]]:
+    gen = torch.Generator().manual_seed(12)
+    data = {}
+    for name, (_, sizes, _) in PHASES.items():
+        data[name] = [{"x": [torch.randn(n, 3, 8, 8, generator=gen, dtype=torch.float64) for n in per_rank],
+                       "g": [torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in per_rank]}
+                      for per_rank in sizes]
+    return data
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One spawn of 2 processes runs every phase; per-rank results."""
+    payload = {"device": request.param, "data": _data(2)}
+    return run_group(2, run_phases, payload, tmp_path_factory.mktemp("compile"))
+
+
+def _count(code: str, op: str) -> int:
+    return len(re.findall(re.escape(op) + r"\w*\.default\(", code))
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_compiled_equals_eager(results: list[dict], phase: str) -> None:
+    for rank, res in enumerate(results):
+        for s, step in enumerate(res[phase]["steps"]):
+            got, want = step["compiled"], step["eager"]
+            where = f"{phase} rank {rank} step {s}"
+            torch.testing.assert_close(got["y"], want["y"], **TOL, msg=lambda m: f"{where} output: {m}")
+            torch.testing.assert_close(got["dx"], want["dx"], **TOL, msg=lambda m: f"{where} input grad: {m}")
+            for i, (a, b) in enumerate(zip(got["grads"], want["grads"], strict=True)):
+                torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{where} grad of parameter {i}: {m}")
+            for i, (a, b) in enumerate(zip(got["buffers"], want["buffers"], strict=True)):
+                torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{where} buffer {i}: {m}")
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_fullgraph_without_breaks_or_recompiles(results: list[dict], phase: str) -> None:
+    expected_graphs = PHASES[phase][2]
+    for rank, res in enumerate(results):
+        assert res[phase]["graph_breaks"] == {}, f"{phase} rank {rank}: {res[phase]['graph_breaks']}"
+        assert res[phase]["unique_graphs"] == expected_graphs, \
+            f"{phase} rank {rank}: {res[phase]['unique_graphs']} graphs for {len(res[phase]['steps'])} steps"
+
+
+@pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "aot_eager"])
+def test_graphs_hold_one_collective_per_layer_each_way(results: list[dict], phase: str) -> None:
+    for rank, res in enumerate(results):
+        graphs = res[phase]["graphs"]
+        assert graphs["forward"] and len(graphs["forward"]) == len(graphs["backward"])
+        for fw, bw in zip(graphs["forward"], graphs["backward"]):
+            assert (_count(fw, GATHER), _count(fw, REDUCE)) == (SYNCBN_LAYERS, 0), f"{phase} rank {rank} forward"
+            assert (_count(bw, GATHER), _count(bw, REDUCE)) == (0, SYNCBN_LAYERS), f"{phase} rank {rank} backward"
+            # The host-reading check is traced in only where a rank holds <= 1 value per channel.
+            empty = PHASES[phase][1][0][rank] == 0
+            assert _count(fw, CHECK) == (SYNCBN_LAYERS if empty else 0), f"{phase} rank {rank}"
+
+
+@pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "inductor"])
+def test_inductor_code_keeps_every_collective(results: list[dict], phase: str) -> None:
+    for rank, res in enumerate(results):
+        code = "\n".join(res[phase]["graphs"]["inductor"])
+        assert (_count(code, GATHER), _count(code, REDUCE)) == (SYNCBN_LAYERS, SYNCBN_LAYERS), f"{phase} rank {rank}"
+
+
+def test_one_value_in_the_whole_group_raises_on_every_rank(results: list[dict]) -> None:
+    for rank, res in enumerate(results):
+        assert "Expected more than 1 value per channel when training" in res["one_value"], f"rank {rank}"
