@@ -17,7 +17,9 @@ namespace {
 
 [[noreturn]] void no_cuda(const char* op) {
   TORCH_CHECK(false, "syncbn.", op, ": got CUDA tensors, but the SyncBN extension was built without CUDA; "
-              "rebuild with CUDA available (a visible GPU) or `python -m src.syncbn.build --cuda`");
+              "build the CUDA variant with `python -m src.syncbn.build --cuda` where the CUDA toolkit (nvcc, "
+              "CUDA_HOME) is installed, or train with norm=torch_syncbn; "
+              "src.syncbn.extension.cuda_kernels_problem() says what this machine lacks");
 }
 
 #ifdef SYNCBN_WITH_CUDA
