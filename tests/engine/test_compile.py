@@ -111,3 +111,42 @@ def test_two_process_compiled_run_equals_the_eager_run(tmp_path: Path) -> None:
     (val_eager,), (val_compiled,) = rows(eager, "val"), rows(compiled, "val")
     assert val_compiled["top1"] == val_eager["top1"]
     assert abs(val_compiled["loss"] - val_eager["loss"]) <= 1e-9 * abs(val_eager["loss"])
+
+
+# The options the compiled path must work with besides the default job's (norm=syncbn, float32, NCHW).
+# float64 cases are compared with the eager run at the bound of the test above (1e-9: rounding only;
+# measured 0 and 3e-16 on an AMD EPYC, 2026-12-01). bf16 autocast: eager rounds every op's output to
+# bf16 while Inductor keeps fused intermediates in float32, so the runs differ by bf16 ulps (2^-8 = 4e-3
+# relative each) and the step-1 loss, from equal weights, by 1.3e-3 measured (2.6e-2 at step 2, where
+# the updated weights differ too: only step 1 is compared). The 3e-2 bound leaves room for other CPUs'
+# bf16 paths (AMX); what the forward and backward compute is checked sharply by the float64 cases.
+OPTION_CASES = {
+    "syncbn-grad_accum-channels_last": (["trainer.grad_accum_steps=2", "trainer.channels_last=true",
+                                         "trainer.dtype=float64"], 1e-9),
+    "gn": (["norm=gn", "trainer.dtype=float64"], 1e-9),
+    "bn-bf16": (["norm=bn", "trainer.amp=bf16"], 3e-2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+def test_compiled_runs_with_other_norms_accumulation_amp_and_channels_last(tmp_path: Path, case: str) -> None:
+    options, bound = OPTION_CASES[case]
+    common = [*TINY, "data.train_size=32", "data.val_size=16", "data.image_size=8", "data.eval_batch_size=8",
+              "data.batch_size=4", "trainer.max_steps=2", "trainer.epochs=1", "trainer.log_every=1",
+              "trainer.tensorboard=false", "sched.warmup_epochs=0", *options]
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    a = launch(2, [*common, f"hydra.run.dir={eager}"])
+    assert a.returncode == 0, a.stdout[-4000:]
+    b = launch(2, [*common, "trainer.compile=true", f"hydra.run.dir={compiled}"], timeout=900)
+    assert b.returncode == 0, b.stdout[-4000:]
+    assert "the training forward is 1 graph(s)" in b.stdout, b.stdout[-4000:]
+
+    losses_eager = [r["loss"] for r in rows(eager, "train")]
+    losses_compiled = [r["loss"] for r in rows(compiled, "train")]
+    assert len(losses_eager) == len(losses_compiled) == 2
+    assert all(torch.isfinite(torch.tensor(losses_compiled)))
+    compared = losses_compiled if bound <= 1e-9 else losses_compiled[:1]
+    worst = max(abs(x - y) / abs(y) for x, y in zip(compared, losses_eager))
+    assert worst < bound, f"{case}: compiled losses differ from eager by up to {worst:.3g} relative"
+    assert len(rows(compiled, "val")) == 1, "the compiled model was evaluated"
