@@ -91,6 +91,16 @@ class Preemption:
         if callable(previous) and previous not in (self._on_signal, signal.default_int_handler):
             previous(int(sig), None)
 
+    def ignore_until_exit(self) -> None:
+        """While installed: ignore the signals from now on (SIG_IGN); uninstall() still restores.
+
+        A Python handler is not enough for a process on its way out: interpreter finalization resets
+        every signal with a Python handler to its default action, so a SIGTERM during the last second
+        of shutdown would kill the process; an ignored signal stays ignored until the process exits.
+        """
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+
     def __enter__(self) -> "Preemption":
         return self.install()
 
@@ -184,14 +194,17 @@ class PreemptionHook:
     def after_train(self, trainer: Trainer) -> None:
         """Say how to continue and pass the signal on; put the previous handlers back unless stopped.
 
-        A run stopped for preemption keeps its record-only handlers until the process exits: torchrun
-        SIGTERMs the other workers the moment the first one exits with EXIT_PREEMPTED, and a worker
-        that is past its last collective, with last.pt written, should end with that exit code too
-        rather than be killed by the default SIGTERM action halfway through closing its logs.
+        A run stopped for preemption ignores the stop signals from here until the process exits:
+        torchrun SIGTERMs the other workers the moment the first one exits with EXIT_PREEMPTED, and a
+        worker that is past its last collective, with last.pt written, should end with that exit code
+        too rather than be killed by the default SIGTERM action while it closes its logs, its process
+        group and the interpreter. (torchrun still SIGKILLs a worker that has not exited after its
+        shutdown timeout.)
         """
         if self.stopped_after is None:
             self.preemption.uninstall()
             return
+        self.preemption.ignore_until_exit()
         where = trainer.saver.dir if trainer.saver is not None else "the run directory"
         log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
                     "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,

@@ -57,7 +57,7 @@ def test_the_replaced_handler_gets_the_signal_after_the_stop() -> None:
         signal.signal(signal.SIGUSR2, before)
 
 
-def test_a_stopped_run_keeps_catching_until_exit_and_an_unstopped_one_restores() -> None:
+def test_a_stopped_run_ignores_stop_signals_until_exit_and_an_unstopped_one_restores() -> None:
     # torchrun SIGTERMs the other workers as soon as the first exits 75; a worker already past its
     # last collective must still exit 75 itself, not die of the default SIGTERM action.
     before = signal.getsignal(signal.SIGUSR2)
@@ -72,12 +72,40 @@ def test_a_stopped_run_keeps_catching_until_exit_and_an_unstopped_one_restores()
         stopped.preemption.received = "SIGUSR2"
         stopped.stopped_after = 3
         stopped.after_train(SimpleNamespace(saver=None))
-        assert signal.getsignal(signal.SIGUSR2) == stopped.preemption._on_signal
+        # SIG_IGN, not a Python handler: finalization resets Python handlers to the default action.
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
         os.kill(os.getpid(), signal.SIGUSR2)  # with the default action restored this would end pytest
         time.sleep(0.05)
     finally:
         stopped.preemption.uninstall()
     assert signal.getsignal(signal.SIGUSR2) is before
+
+
+# A stopped worker whose interpreter shutdown is slow (here: 1.5 s in a finalizer), SIGTERMed in the
+# middle of it, as torchrun does to the remaining workers once the first has exited 75.
+_SLOW_EXIT = r"""
+import signal, sys, time
+from types import SimpleNamespace
+from src.engine.preemption import EXIT_PREEMPTED, PreemptionHook
+hook = PreemptionHook(["SIGTERM"])
+hook.preemption.install()
+hook.preemption.received, hook.stopped_after = "SIGTERM", 3
+hook.after_train(SimpleNamespace(saver=None))
+class SlowFinalizer:
+    def __del__(self):
+        time.sleep(1.5)
+slow = SlowFinalizer()
+print("stopped", flush=True)
+sys.exit(EXIT_PREEMPTED)
+"""
+
+
+def test_a_stopped_worker_exits_75_when_sigtermed_during_interpreter_shutdown() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXIT], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "stopped"
+    time.sleep(0.5)  # inside the finalizer's sleep
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 75, "SIGTERM during shutdown killed a worker that had already stopped"
 
 
 def test_no_signals_configured_catches_nothing() -> None:
