@@ -63,20 +63,18 @@ class Preemption:
         self.received: Optional[str] = None  # name of the first signal this process got
         self.received_at: Optional[float] = None
         self._agreed: Optional[str] = None
-        self._previous: dict[signal.Signals, Any] = {}  # while installed: the handlers replaced
-        self._restored: dict[signal.Signals, Any] = {}  # after uninstall(): the handlers put back
+        self._replaced: dict[signal.Signals, Any] = {}  # the handlers install() replaced (kept for pass_on)
 
     def install(self) -> "Preemption":
         """Install the handlers (main thread only, as Python requires for signal handlers)."""
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._replaced[sig] = signal.signal(sig, self._on_signal)
         return self
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before install()."""
-        for sig, previous in self._previous.items():
+        for sig, previous in self._replaced.items():
             signal.signal(sig, previous)
-        self._restored, self._previous = self._previous, {}
 
     def pass_on(self) -> None:
         """Give the signal received to the Python handler it had replaced, if any.
@@ -87,7 +85,7 @@ class Preemption:
         if self.received is None:
             return
         sig = signal.Signals[self.received]
-        previous = self._previous.get(sig, self._restored.get(sig))
+        previous = self._replaced.get(sig)
         if callable(previous) and previous not in (self._on_signal, signal.default_int_handler):
             previous(int(sig), None)
 
@@ -98,7 +96,7 @@ class Preemption:
         every signal with a Python handler to its default action, so a SIGTERM during the last second
         of shutdown would kill the process; an ignored signal stays ignored until the process exits.
         """
-        for sig in self._previous:
+        for sig in self._replaced:
             signal.signal(sig, signal.SIG_IGN)
 
     def __enter__(self) -> "Preemption":
