@@ -5,13 +5,13 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
-from src.engine.evaluate_run import run
+from src.commands.evaluate import run
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base=None)
 @record  # under torchrun: the exception and traceback go to the error file its summary prints
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: everything else happens in src.engine.evaluate_run.run."""
+    """Hydra entry point: everything else happens in src.commands.evaluate.run."""
     run(cfg)
 
 

@@ -5,13 +5,13 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
-from src.engine.predict import run
+from src.commands.predict import run
 
 
 @hydra.main(config_path="conf", config_name="predict", version_base=None)
 @record  # under torchrun: the exception and traceback go to the error file its summary prints
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: everything else happens in src.engine.predict.run."""
+    """Hydra entry point: everything else happens in src.commands.predict.run."""
     run(cfg)
 
 

@@ -23,8 +23,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from src.engine.evaluate_run import overrides_of, run
-from src.engine.state import model_weights
+from src.commands.evaluate import overrides_of, run
+from src.engine.checkpoint.state import model_weights
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

@@ -29,8 +29,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from src.engine.checkpoint import load_checkpoint, save_checkpoint
-from src.engine.palette import color_palette
+from src.engine.checkpoint.files import load_checkpoint, save_checkpoint
+from src.data.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow  # real torchrun trainings and predictions
@@ -187,7 +187,7 @@ def test_segmentation_masks_match_a_reference_forward_at_each_image_size(walkthr
 def _predict_on_ranks(rank: int, world: int, ckpt: str, source: str, out: str) -> None:
     from hydra import compose, initialize_config_dir
 
-    import src.engine.predict as predict
+    import src.commands.predict as predict
 
     predict.MASKS_PER_ROUND = 2  # several gather rounds with a handful of images
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
@@ -220,7 +220,7 @@ def test_two_ranks_predict_nested_and_clashing_names_once_each(walkthrough: Path
 def test_checkpoint_without_class_names_predicts_numbered_classes(walkthrough: Path, tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from src.engine.predict import run
+    from src.commands.predict import run
 
     ckpt = load_checkpoint(walkthrough / "outputs" / "demo_classify" / "checkpoints" / "last.pt")
     del ckpt["class_names"]  # as written before checkpoints stored them

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from src.engine.predict import run
-from src.engine.predict_io import list_inputs, mask_names, write_predictions_csv
+from src.commands.predict import run
+from src.commands.predict_io import list_inputs, mask_names, write_predictions_csv
 
 REPO = Path(__file__).resolve().parents[1]
 

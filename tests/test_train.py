@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.engine.checkpoint import load_checkpoint
+from src.engine.checkpoint.files import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 420

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from src.engine.checkpoint import load_checkpoint
+from src.engine.checkpoint.files import load_checkpoint
 from tests.test_train import REPO, TINY, launch, rows
 
 # 4 optimizer steps of 2 x 8 images, one evaluation: enough to run every part of the loop once.
@@ -55,7 +55,7 @@ def test_torchvision_model_with_syncbn_groups_and_sync_every(tmp_path: Path) -> 
 
 def test_group_size_that_does_not_divide_the_world_fails_before_any_process_group(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from src.engine.train import run
+    from src.commands.train import run
 
     # What torchrun sets on rank 0 of 4 (no MASTER_ADDR: had validation passed, init would fail differently).
     for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():

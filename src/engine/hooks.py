@@ -11,7 +11,7 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             trainer.finishing whether this is the last call
     after_train(trainer)    once, when the loop has ended normally or by a stop request (not on an error)
 
-Hooks run in list order. The standard list (src/engine/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
+Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
 SampleGridHook, EvalHook, CheckpointHook, then CompileReport (with trainer.compile) and PreemptionHook last:
 evaluation runs before the checkpoint that records its metrics.
 
@@ -29,7 +29,7 @@ collectives (anything in src.dist) must make the same calls on every rank at the
 state every rank shares (the step count, reduced values), never from something only one rank saw.
 
 Adding a hook: subclass Hook (or write any object with these methods), override what you need, and
-append an instance to the `hooks` list in src/engine/train.py's `build_hooks`.
+append an instance to the `hooks` list in src/commands/train.py's `build_hooks`.
 """
 from __future__ import annotations
 

@@ -29,12 +29,12 @@ from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.engine.accumulation import gradient_sync, micro_step
 from src.engine.amp import PRECISIONS, autocast
-from src.engine.checkpoint import CheckpointSaver
+from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.finite import FiniteGuard
 from src.engine.hooks import Hook
 from src.engine.norm_health import sync_bn_buffers
 from src.engine.optim import current_lr
-from src.engine.state import TrainState
+from src.engine.checkpoint.state import TrainState
 from src.logger import progress
 
 log = logging.getLogger(__name__)

@@ -60,7 +60,7 @@ _WRITER = r"""
 import sys
 from pathlib import Path
 import torch
-from src.engine.checkpoint import CheckpointSaver
+from src.engine.checkpoint.files import CheckpointSaver
 saver = CheckpointSaver(Path(sys.argv[1]), "top1", 0)
 numel = int(sys.argv[2])
 step = 0

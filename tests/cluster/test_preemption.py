@@ -82,7 +82,7 @@ def test_signalled_job_saves_exits_75_and_resumes_exactly(reference_run: Path, t
 # train.py with its evaluation wrapped: rank 1 (only) signals itself when the first evaluation starts.
 _SIGNAL_IN_EVAL = r"""
 import os, runpy, signal, sys
-import src.engine.train as train
+import src.commands.train as train
 evaluate = train.evaluate
 def signalling_evaluate(*args, **kwargs):
     if os.environ.get("RANK") == "1" and not getattr(signalling_evaluate, "done", False):

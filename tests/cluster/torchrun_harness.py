@@ -187,7 +187,7 @@ def load_last_checkpoint(run_dir: Path) -> dict:
     """The run's last checkpoint, loaded the way the trainer loads it (weights_only)."""
     path = last_checkpoint_file(run_dir)
     assert path is not None, f"no checkpoint whose name contains 'last' under {run_dir}"
-    from src.engine.checkpoint import load_checkpoint
+    from src.engine.checkpoint.files import load_checkpoint
 
     return load_checkpoint(path)
 

@@ -1,6 +1,6 @@
 """A frozen copy of the first checkpoint format (no `format_version` key), to prove old files still load.
 
-This is what the trainer wrote before src/engine/state.py owned the format: its end-of-epoch snapshot
+This is what the trainer wrote before src/engine/checkpoint/state.py owned the format: its end-of-epoch snapshot
 plus the best-k list the saver added. Keep it frozen: it is the reference for old checkpoints on users'
 disks, not a second definition of the current format.
 """

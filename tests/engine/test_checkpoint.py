@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from src.config import OptimConfig, SchedConfig
-from src.engine import checkpoint as ckpt_io
+from src.engine.checkpoint import files as ckpt_io
 from src.engine.amp import build_scaler
 from src.engine.ema import build_ema
 from src.engine.optim import build_optimizer, build_scheduler
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 WRITER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
-    from src.engine.checkpoint import save_checkpoint
+    from src.engine.checkpoint.files import save_checkpoint
     i = 0
     while True:  # rewrite last.pt forever with a ~24 MB payload tagged by its generation
         save_checkpoint({{"generation": i, "payload": torch.full((6_000_000,), float(i))}}, {path!r})

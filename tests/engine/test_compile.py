@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
-from src.engine.checkpoint import load_checkpoint
+from src.engine.checkpoint.files import load_checkpoint
 from src.engine.compile import CompileError, compile_failure, compile_modules
 from src.unwrap import unwrap_model, without_ddp
 from tests.test_train import TINY, launch, rows

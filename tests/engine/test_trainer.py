@@ -13,10 +13,10 @@ from torch import nn
 
 from src.config import TrainerConfig
 from src.engine.amp import build_scaler
-from src.engine.checkpoint import CheckpointSaver, load_checkpoint
+from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
 from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
 from src.engine.losses import classification_loss
-from src.engine.state import Progress, TrainState
+from src.engine.checkpoint.state import Progress, TrainState
 from src.engine.trainer import Trainer
 from tests.engine.fake_loader import ListLoader
 

@@ -1,6 +1,6 @@
 """Checkpoint files: atomic writes, `last.pt` plus best-k, loading with weights_only=True.
 
-What a checkpoint holds is defined by src/engine/state.py (TrainState.state_dict); this module only
+What a checkpoint holds is defined by src/engine/checkpoint/state.py (TrainState.state_dict); this module only
 moves such dicts to and from disk. Loading uses `torch.load(weights_only=True)`: tensors, numbers,
 strings and plain containers only, so no pickled code runs.
 """

@@ -1,5 +1,5 @@
 """Pictures for TensorBoard: image | ground truth | prediction panels (segmentation) and sample grids
-(classification), coloured with the palette of the PNG exports (src/engine/palette.py).
+(classification), coloured with the palette of the PNG exports (src/data/palette.py).
 
 The trainer calls these on rank 0 only. They never communicate: the model is unwrapped from DDP and run
 in eval mode (SyncBN in eval mode uses running statistics and does not talk to other ranks).
@@ -15,8 +15,8 @@ from torch import nn
 from torchvision.utils import make_grid
 
 from src.engine.amp import autocast, model_dtype, upcast
-from src.engine.evaluator import eval_mode
-from src.engine.palette import color_palette
+from src.engine.evaluation.evaluator import eval_mode
+from src.data.palette import color_palette
 from src.unwrap import unwrap_model
 
 _IGNORE_COLOUR = (255, 255, 255)  # ignored pixels are drawn white in the ground-truth panel

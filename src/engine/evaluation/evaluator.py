@@ -25,8 +25,8 @@ from torch import nn
 
 from src import dist
 from src.engine.amp import autocast, model_dtype, upcast
-from src.engine.exports import export_classification, export_segmentation
-from src.engine.metrics import ConfusionMatrix, topk_correct
+from src.engine.evaluation.exports import export_classification, export_segmentation
+from src.engine.evaluation.metrics import ConfusionMatrix, topk_correct
 from src.unwrap import without_ddp
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

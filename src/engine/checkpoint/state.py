@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from src import dist
-from src.engine.checkpoint import load_checkpoint
+from src.engine.checkpoint.files import load_checkpoint
 from src.engine.seeding import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from src import dist
-from src.engine.checkpoint import LAST_NAME, last_checkpoint
+from src.engine.checkpoint.files import LAST_NAME, last_checkpoint
 
 log = logging.getLogger(__name__)
 

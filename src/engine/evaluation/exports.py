@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from src import dist
-from src.engine.palette import color_palette
+from src.data.palette import color_palette
 
 # Masks travel to rank 0 in rounds of this many per rank, so no rank ever holds every rank's masks
 # at once (VOC val is ~270 MB of uint8 masks).

@@ -1,6 +1,6 @@
 """`evaluate.py ckpt=PATH`: evaluate a checkpoint with the config stored in it, alone or under torchrun.
 
-Steps: read the checkpoint through src/engine/state.py (the format's owner; weights_only=True), take its
+Steps: read the checkpoint through src/engine/checkpoint/state.py (the format's owner; weights_only=True), take its
 resolved training config, apply the command line's overrides (the non-null keys of the `data`, `model`, `norm`, `trainer` and `device` sections of
 conf/evaluate.yaml), validate it like train.py does, start the process group if torchrun launched us,
 rebuild data and model, load the weights (EMA weights with ema=true), evaluate exactly, print a table
@@ -20,9 +20,9 @@ from src import dist
 from src.config import task_of, validate_config
 from src.data import build_datasets, build_eval_loader
 from src.engine.amp import PRECISIONS
-from src.engine.evaluator import evaluate
+from src.engine.evaluation.evaluator import evaluate
 from src.engine.seeding import configure_threads
-from src.engine.state import load_model_weights, model_weights, read_checkpoint, stored_config
+from src.engine.checkpoint.state import load_model_weights, model_weights, read_checkpoint, stored_config
 from src.models import build_model
 
 # Keys of conf/evaluate.yaml that belong to evaluate.py itself; every other section overrides the

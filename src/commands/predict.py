@@ -1,15 +1,15 @@
 """`predict.py ckpt=PATH input=DIR_OR_FILE out=DIR`: a trained model on new images, alone or under torchrun.
 
-Steps: check the arguments, read the checkpoint through src/engine/state.py (the format's owner;
+Steps: check the arguments, read the checkpoint through src/engine/checkpoint/state.py (the format's owner;
 weights_only=True) and its stored training config with the command line's overrides (as evaluate.py
 does), start the process group if torchrun launched us, list
-the inputs (src/engine/predict_io.py), give each rank a contiguous shard (ExactEvalSampler: every image
+the inputs (src/commands/predict_io.py), give each rank a contiguous shard (ExactEvalSampler: every image
 exactly once), predict, gather to rank 0, and write there:
 - classification: each image through the training data's evaluation resize / crop
   (src.data.transforms.classification_predict_transform), the top-k classes and softmax probabilities
   -> out/predictions.csv;
 - segmentation: each image at its own size, only normalised as in evaluation, the argmax per pixel
-  -> one palette PNG per input, at the input's size (src.engine.exports.save_mask_png, as evaluate.py's export).
+  -> one palette PNG per input, at the input's size (src.engine.evaluation.exports.save_mask_png, as evaluate.py's export).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from src import dist
-from src.engine.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
+from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ MASKS_PER_ROUND = 8
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
     from src.config import task_of, validate_config
-    from src.engine.evaluate_run import training_config
-    from src.engine.state import model_weights, read_checkpoint, stored_config
+    from src.commands.evaluate import training_config
+    from src.engine.checkpoint.state import model_weights, read_checkpoint, stored_config
 
     ckpt_path, source, out_dir = _paths(cfg)
     if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
@@ -122,7 +122,7 @@ def _num_classes_from_weights(train_cfg: DictConfig, weights: dict[str, torch.Te
 def _model(train_cfg: DictConfig, weights: dict[str, torch.Tensor], ckpt: dict[str, Any], source: str,
            num_classes: int, device: torch.device) -> torch.nn.Module:
     from src.engine.amp import PRECISIONS
-    from src.engine.state import load_model_weights
+    from src.engine.checkpoint.state import load_model_weights
     from src.models import build_model
 
     model = build_model(train_cfg.model, train_cfg.norm, num_classes)
@@ -187,7 +187,7 @@ def _classify(model: torch.nn.Module, loader: DataLoader, relative: list[Path], 
 def _segment(model: torch.nn.Module, loader: DataLoader, relative: list[Path], train_cfg: DictConfig,
              device: torch.device, out_dir: Path, names: list[str]) -> Path:
     """Masks go to rank 0 in rounds while predicting, so no rank holds more than a round of them."""
-    from src.engine.exports import save_mask_png
+    from src.engine.evaluation.exports import save_mask_png
 
     targets = mask_names(relative)
     batches = iter(loader)  # one image per batch

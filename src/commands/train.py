@@ -19,19 +19,19 @@ from src.data import DataBundle, build_datasets, build_eval_loader, build_train_
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
-from src.engine.checkpoint import CheckpointSaver
+from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.ema import build_ema
-from src.engine.evaluator import evaluate
+from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
                               StopAtMaxSteps)
 from src.engine.losses import build_loss
 from src.engine.norm_health import buffer_sync_mode, check_norm_health
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
-from src.engine.rundir import resolve_run_dir, resume_checkpoint
+from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.seeding import configure_determinism, configure_threads, seed_everything
-from src.engine.state import TrainState, read_checkpoint
+from src.engine.checkpoint.state import TrainState, read_checkpoint
 from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
@@ -39,7 +39,7 @@ from src.logger import setup_logging
 from src.models import build_model
 from src.models.norms import NormSync
 
-log = logging.getLogger("src.engine.train")
+log = logging.getLogger("src.commands.train")
 
 
 def run(cfg: DictConfig | dict) -> dict[str, float]:
@@ -180,7 +180,7 @@ def _panels(tracker: Tracker, typed: TrainConfig, task: str, data: DataBundle, d
     """image | truth | prediction pictures after each segmentation evaluation (rank 0, with TensorBoard)."""
     if task != "segmentation" or tracker.writer is None:
         return None
-    from src.engine.visualize import log_segmentation_panels
+    from src.engine.evaluation.visualize import log_segmentation_panels
 
     return lambda model, step: log_segmentation_panels(
         tracker.writer, model, data.val, step, device, mean=typed.data.mean, std=typed.data.std,
@@ -189,7 +189,7 @@ def _panels(tracker: Tracker, typed: TrainConfig, task: str, data: DataBundle, d
 
 def _log_grid(tracker: Tracker, typed: TrainConfig, images: torch.Tensor, targets: torch.Tensor, step: int) -> None:
     """A grid of up to 32 training images in TensorBoard."""
-    from src.engine.visualize import log_classification_grid
+    from src.engine.evaluation.visualize import log_classification_grid
 
     log_classification_grid(tracker.writer, images[:32].cpu(), step, targets=targets[:32].cpu(),
                             mean=list(typed.data.mean), std=list(typed.data.std))
