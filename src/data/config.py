@@ -48,6 +48,12 @@ class DataConfig:
     hflip: bool = True
     resize_size: int = 256  # imagefolder eval: Resize(resize_size) then CenterCrop(image_size)
     color_jitter: float = 0.0  # brightness/contrast/saturation strength (0 = off)
+    # Automatic augmentation policy after crop / flip / jitter (torchvision.transforms.v2, default settings):
+    # randaugment | trivialaugment | autoaugment (the ImageNet policy) | none. Classification only.
+    auto_augment: str = "none"
+    # Probability of v2.RandomErasing on the normalised image (0 = off; timm's --reprob, torchvision's
+    # references' --random-erase, both use 0.25). Classification only.
+    random_erase: float = 0.0
 
     # Segmentation augmentation / evaluation.
     base_size: int = 0  # random scale acts on the shorter side: [scale_min, scale_max] x base_size (0 = crop_size)
@@ -83,6 +89,7 @@ class DataConfig:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
         if not 0 <= self.color_jitter <= 1:
             raise ValueError(f"data.color_jitter must be in [0, 1], got {self.color_jitter}")
+        _check_classification_augmentation(self, entry.task)
         if not 0 < self.scale_min <= self.scale_max:
             raise ValueError(f"data.scale_min and data.scale_max must satisfy 0 < scale_min <= scale_max, "
                              f"got {self.scale_min} and {self.scale_max}")
@@ -115,6 +122,28 @@ class DataConfig:
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for logs and checkpoints)."""
         return dataclasses.asdict(self)
+
+
+AUTO_AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")
+
+
+def _check_classification_augmentation(cfg: DataConfig, task: str) -> None:
+    """data.auto_augment / data.random_erase: known values, classification only, under data.augment."""
+    if cfg.auto_augment not in AUTO_AUGMENT_POLICIES:
+        raise ValueError(f"data.auto_augment must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, "
+                         f"got {cfg.auto_augment!r}")
+    erase = cfg.random_erase
+    if isinstance(erase, bool) or not isinstance(erase, (int, float)) or not 0 <= erase <= 1:
+        raise ValueError(f"data.random_erase is a probability in [0, 1] (0 = off), got {erase!r}")
+    used = [k for k, on in (("auto_augment", cfg.auto_augment != "none"), ("random_erase", erase > 0)) if on]
+    if used and task != "classification":
+        # The policies' geometric operations (shear, rotate, translate) would have to move the mask with the
+        # image, and erasing would have to mark the erased pixels as ignored: not implemented, so refused.
+        raise ValueError(f"data.{used[0]} applies to classification only; data.name={cfg.name} is {task}: "
+                         f"remove it (segmentation augments with random scale, crop and flip)")
+    if used and not cfg.augment:
+        raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
+                         f"set data.augment=true or remove data.{used[0]}")
 
 
 def _at_least(key: str, value: int, low: int) -> None:

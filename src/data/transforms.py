@@ -78,9 +78,32 @@ def classification_train_transform(cfg: DataConfig) -> PairTransform:
         if cfg.color_jitter > 0:
             j = cfg.color_jitter
             steps.append(v2.ColorJitter(brightness=j, contrast=j, saturation=j))
+        steps += auto_augment(cfg.auto_augment)
     elif resize_crop:
         steps += _resize_center_crop(cfg.resize_size, cfg.image_size)
-    return PairTransform(v2.Compose(steps + normalize(cfg)))
+    steps += normalize(cfg)
+    if cfg.augment and cfg.random_erase > 0:
+        # After normalisation, as in torchvision's references and timm: erased pixels become 0, the mean colour.
+        steps.append(v2.RandomErasing(p=cfg.random_erase, value=0))
+    return PairTransform(v2.Compose(steps))
+
+
+def auto_augment(policy: str) -> list[Any]:
+    """data.auto_augment as v2 transforms on the uint8 image (the policies' magnitudes assume 0..255 pixels).
+
+    They draw from torch's global RNG like every v2 transform, so SeededTransformDataset seeds them per
+    (seed, epoch, index): the same sample gets the same operations on any rank and any world size.
+    """
+    policies: dict[str, Callable[[], Any]] = {
+        "none": lambda: None,
+        "randaugment": v2.RandAugment,  # 2 operations of magnitude 9 (of 31), as torchvision's references
+        "trivialaugment": v2.TrivialAugmentWide,
+        "autoaugment": lambda: v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET),
+    }
+    if policy not in policies:
+        raise ValueError(f"data.auto_augment must be one of {', '.join(policies)}, got {policy!r}")
+    step = policies[policy]()
+    return [] if step is None else [step]
 
 
 def classification_eval_transform(cfg: DataConfig) -> PairTransform:
