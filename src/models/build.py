@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, TypeVar, Union
 
 from torch import nn
@@ -10,8 +11,10 @@ from src.dataclass_config import to_dataclass
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.models.norms import finalize_norms
 from src.models.param_groups import head_module_names
+from src.models.pretrained import (is_weights_name, torchvision_state_dict, torchvision_weights,
+                                   weights_num_classes, weights_source)
 from src.models.registry import MODELS
-from src.models.weights import load_weights
+from src.models.weights import apply_state_dict, read_state_dict
 
 T = TypeVar("T", ModelConfig, NormConfig)
 ConfigLike = Union[ModelConfig, NormConfig, Mapping[str, Any], Any]  # dataclass, dict or OmegaConf DictConfig
@@ -34,11 +37,15 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     """The configured network, on CPU, initialised only from torch's global RNG (same seed -> same weights on
     every rank), with norm_cfg's layer in every norm position and the configured weights files loaded.
 
-    weights_files=False skips model.weights / model.backbone_weights (and their existence check): for
+    Weights (model.weights / model.backbone_weights: local files or torchvision names; model.pretrained: timm)
+    are read from local files or the libraries' caches (src/models/pretrained.py).
+    weights_files=False skips all of them (and the files' existence check): for
     callers that load a checkpoint right after (evaluation, resume), where those files may be long gone.
     """
     mcfg, ncfg = as_config(model_cfg, ModelConfig), as_config(norm_cfg, NormConfig)
     mcfg.validate(check_files=weights_files)
+    if not weights_files:  # timm's pretrained weights are loaded by its builder: off here too
+        mcfg = dataclasses.replace(mcfg, pretrained=False)
     # Hardware needs of torch_syncbn are checked by the app's config validation (NormConfig.validate with
     # the run's device); building one on a CPU-only machine stays possible (inspection, conversion).
     ncfg.validate(device=None)
@@ -54,8 +61,26 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
             target, ignore = model.backbone, ("fc.",)
         else:  # a classifier's own head (fc, classifier, head.fc, ...) is left to train from scratch
             target, ignore = model, tuple(f"{name}." for name in head_module_names(model))
-        load_weights(target, mcfg.backbone_weights, strict=mcfg.weights_strict, ignore_prefixes=ignore,
-                     what="model.backbone_weights")
+        state, source = _weights(mcfg, entry, "backbone_weights")
+        apply_state_dict(target, state, source, strict=mcfg.weights_strict, ignore_prefixes=ignore,
+                         what="model.backbone_weights")
     if weights_files and mcfg.weights:
-        load_weights(model, mcfg.weights, strict=mcfg.weights_strict, what="model.weights")
+        state, source = _weights(mcfg, entry, "weights")
+        ignore = ()
+        if is_weights_name(mcfg.weights) and num_classes != weights_num_classes(
+                torchvision_weights(weights_source(mcfg, entry.info.get("family"), "weights"), mcfg.weights,
+                                    "model.weights")):
+            # Weights for other classes: everything but the head, which keeps its initialisation.
+            ignore = tuple(f"{name}." for name in head_module_names(model))
+        apply_state_dict(model, state, source, strict=mcfg.weights_strict, ignore_prefixes=ignore,
+                         what="model.weights")
     return model
+
+
+def _weights(mcfg: ModelConfig, entry: Any, key: str) -> tuple[dict[str, Any], str]:
+    """(state_dict, where it came from) of model.<key>: a torchvision weights name, or a local file."""
+    value = getattr(mcfg, key)
+    if not is_weights_name(value):
+        return read_state_dict(value), value
+    weights = torchvision_weights(weights_source(mcfg, entry.info.get("family"), key), value, f"model.{key}")
+    return torchvision_state_dict(weights, f"model.{key}"), f"{type(weights).__name__}.{weights.name}"

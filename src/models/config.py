@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from src.models.pretrained import is_weights_name, torchvision_weights, weights_source
 from src.models.registry import MODELS
 
 NORM_NAMES = ("bn", "syncbn", "torch_syncbn", "gn", "frozen_bn")
@@ -39,10 +40,15 @@ class ModelConfig:
     cifar_shortcut: str = "A"
     # Zero-init the last norm layer's weight in every residual block (Goyal et al. 2017).
     zero_init_residual: bool = False
-    # Local file with ResNet weights for the backbone (torchvision layout; `fc.*` is ignored).
+    # ResNet weights for the backbone (`fc.*` and a classifier's head are ignored): a local file (torchvision
+    # layout), or a torchvision weights name (DEFAULT, IMAGENET1K_V1) of the backbone's ResNet.
     backbone_weights: Optional[str] = None
-    # Local file with weights for the whole model (a state_dict, or a checkpoint with a "model" key).
+    # Weights for the whole model: a local file (a state_dict, or a checkpoint with a "model" key), or for
+    # torchvision models and our ImageNet ResNets a torchvision weights name (DEFAULT, IMAGENET1K_V2, ...)
+    # from TORCH_HOME's cache; with another num_classes than the weights' head, the head is left to train.
     weights: Optional[str] = None
+    # model=timm only: timm's pretrained weights of model.arch (from the Hugging Face hub cache).
+    pretrained: bool = False
     # strict=true: every key and shape must match; false: load what matches and log what was skipped.
     weights_strict: bool = True
     # model=timm / model=torchvision only: the architecture, e.g. efficientnet_b0 (timm.list_models(),
@@ -82,13 +88,29 @@ class ModelConfig:
         if self.weights and self.backbone_weights:
             raise ValueError("model.weights (whole model) and model.backbone_weights are both set; "
                              "keep one: model.backbone_weights=null when model.weights is given")
+        self._validate_pretrained(entry.info.get("family"))
         for key in ("weights", "backbone_weights") if check_files else ():
             path = getattr(self, key)
-            if path and not os.path.isfile(os.path.expanduser(path)):
+            if path and not is_weights_name(path) and not os.path.isfile(os.path.expanduser(path)):
                 raise ValueError(f"model.{key}: no file at {path!r}. Nothing is downloaded (offline); copy the "
                                  f"weights file there or set model.{key}=null")
         if "check" in entry.info:  # the family's own options (e.g. model.arch exists in timm)
             entry.info["check"](self)
+
+    def _validate_pretrained(self, family: Optional[str]) -> None:
+        """Weights by name: a name the model family's torchvision enum has; model.pretrained for timm only."""
+        for key in ("weights", "backbone_weights"):
+            name = getattr(self, key)
+            if is_weights_name(name):
+                torchvision_weights(weights_source(self, family, key), name, f"model.{key}")
+        if self.pretrained and family != "timm":
+            hint = "model.weights=DEFAULT" if family in ("torchvision", "resnet") else "model.weights=<local file>"
+            if family in ("deeplabv3", "deeplabv3plus"):
+                hint = "model.backbone_weights=DEFAULT"
+            raise ValueError(f"model.pretrained=true applies to model=timm only; for model={self.name} use {hint}")
+        if self.pretrained and (self.weights or self.backbone_weights):
+            raise ValueError("model.pretrained=true and a weights file are both set; keep one: "
+                             "model.weights=null model.backbone_weights=null, or model.pretrained=false")
 
 
 def check_decoder_stride(name: str, decoder_stride: int) -> None:

@@ -1,4 +1,5 @@
-"""Loading local weight files (no download is possible offline) with a report of what matched."""
+"""Loading weights (local files, or state_dicts of named weights from src/models/pretrained.py) with a report of
+what matched."""
 
 from __future__ import annotations
 
@@ -70,7 +71,14 @@ def load_weights(module: nn.Module, path: str, *, strict: bool = True, ignore_pr
     """Copy the tensors of `path` into `module`. strict: any missing/unexpected/mismatched key is an error
     naming them; non-strict: load the matching tensors and log what was skipped. Keys under
     ignore_prefixes (file or model side, e.g. a classifier's "fc.") are neither loaded nor reported."""
-    state = read_state_dict(path)
+    return apply_state_dict(module, read_state_dict(path), path, strict=strict, ignore_prefixes=ignore_prefixes,
+                            what=what)
+
+
+def apply_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor], source: str, *, strict: bool = True,
+                     ignore_prefixes: tuple[str, ...] = (), what: str = "model.weights") -> LoadReport:
+    """load_weights for tensors already read (`source` names where they came from in the report)."""
+    path = source
     report = LoadReport(path=path)
     report.ignored = sorted(k for k in state if k.startswith(ignore_prefixes)) if ignore_prefixes else []
     own = module.state_dict()

@@ -4,7 +4,10 @@ Both are built with the architecture's own BatchNorm layers and then given the c
 (`adopt_norm`, then build_model's `finalize_norms`), rather than by passing a `norm_layer`: many
 architectures take none (densenet, timm's EfficientNets build BatchNormAct2d), and those that do set
 their own eps and momentum (torchvision's MobileNetV3: 1e-3 / 0.01), which their weights files assume.
-Nothing is ever downloaded (pretrained=False / weights=None): weights come from model.weights files.
+Pretrained weights by name come through each library's cache (src/models/pretrained.py): timm's with
+model.pretrained=true (the Hugging Face hub cache, handed to timm as a local file so that timm adapts them
+as it always does: another num_classes re-initialises the head), torchvision's with model.weights=<name>
+(loaded by build_model like a weights file).
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ def _check_kwargs(cfg: ModelConfig) -> None:
     reserved = sorted(set(cfg.kwargs) & set(_RESERVED_KWARGS))
     if reserved:
         raise ValueError(f"model.kwargs may not set {reserved}: the number of classes comes from the data and "
-                         "weights from a local file (model.weights / model.backbone_weights; nothing is downloaded)")
+                         "weights from model.weights / model.backbone_weights (a local file or a torchvision "
+                         "weights name) or, for timm, model.pretrained=true")
 
 
 def _unknown_arch(cfg: ModelConfig, known: list[str], how: str) -> ValueError:
@@ -80,13 +84,25 @@ def classifier_module_names(model: nn.Module, num_classes: int) -> tuple[str, ..
 
 @MODELS.register("timm", task="classification", family="timm", arch=True, check=check_timm)
 def build_timm(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
-    """timm.create_model(model.arch, pretrained=False, num_classes=..., **model.kwargs) with the configured norm."""
+    """timm.create_model(model.arch, pretrained=model.pretrained, num_classes=..., **model.kwargs), configured norm."""
     timm = _import_timm()
     kwargs = dict(cfg.kwargs)
     if cfg.zero_init_residual:
         kwargs.setdefault("zero_init_last", True)  # timm's name for it (ResNets, RegNets, ...)
+    if cfg.pretrained:
+        from timm.models import get_pretrained_cfg
+
+        from src.models.pretrained import timm_pretrained_file
+
+        pretrained_cfg = get_pretrained_cfg(cfg.arch)
+        if pretrained_cfg is None:
+            raise ValueError(f"model=timm model.arch={cfg.arch} model.pretrained=true: timm has no pretrained "
+                             "weights for it (timm.list_pretrained() lists the names that have); set "
+                             "model.pretrained=false")
+        # A local file: timm reads it as it would its own download, with no Hugging Face hub call.
+        kwargs["pretrained_cfg_overlay"] = {"file": timm_pretrained_file(pretrained_cfg.to_dict())}
     try:
-        model = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
+        model = timm.create_model(cfg.arch, pretrained=cfg.pretrained, num_classes=num_classes, **kwargs)
     except TypeError as err:
         extra = " (model.zero_init_residual=true becomes zero_init_last=True)" if cfg.zero_init_residual else ""
         raise ValueError(f"model=timm model.arch={cfg.arch}: timm.create_model rejected the options "

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 # Model keys that only say where initial weights came from: not part of what a checkpoint was trained as.
-_INIT_ONLY_KEYS = ("weights", "backbone_weights", "weights_strict")
+_INIT_ONLY_KEYS = ("weights", "backbone_weights", "weights_strict", "pretrained")
 
 
 @dataclass

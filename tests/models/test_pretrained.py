@@ -1,0 +1,175 @@
+"""Pretrained weights by name, through each library's cache: torchvision's weights enums (TORCH_HOME) and
+timm's pretrained configs (the Hugging Face hub cache). Each test writes a weights file of the real
+architecture, with random values, where the library looks for it, loads it by name with the network
+blocked, and checks every tensor landed; a missing file is an error naming the exact path."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from src.models import build_model
+from src.models.config import ModelConfig
+from src.models.pretrained import is_weights_name
+
+BN = {"name": "bn"}
+TIMM_ARCH = "mobilenetv3_small_050"  # 1.6M parameters: the smallest timm model with hub weights we need
+TIMM_REPO = "timm/mobilenetv3_small_050.lamb_in1k"  # its default tag's hf_hub_id (timm's pretrained_cfg)
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connection attempt fails at once: a cached file must be read without one."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("network access attempted during the test")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+@pytest.fixture
+def caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """Empty TORCH_HOME and HF_HOME for this test."""
+    torch_home, hf_home = tmp_path / "torch", tmp_path / "hf"
+    monkeypatch.setenv("TORCH_HOME", str(torch_home))
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    yield torch_home, hf_home
+
+
+def _randomised(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state_dict with fresh random values (running variances positive), so a match is no accident."""
+    g = torch.Generator().manual_seed(1234)
+    out = {}
+    for k, v in module.state_dict().items():
+        if v.is_floating_point():
+            out[k] = torch.rand(v.shape, generator=g) + 0.5 if "running_var" in k else torch.randn(v.shape, generator=g)
+        else:
+            out[k] = v.clone() + 3
+    return out
+
+
+def _torchvision_file(torch_home: Path, builder: str, name: str = "DEFAULT") -> dict[str, torch.Tensor]:
+    """Write a random state_dict of torchvision's `builder` where torch.hub caches its weights enum's file."""
+    from torchvision import models
+
+    weights = models.get_model_weights(builder)[name]
+    state = _randomised(models.get_model(builder, weights=None))
+    path = torch_home / "hub" / "checkpoints" / weights.url.rsplit("/", 1)[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return state
+
+
+def _timm_file(hf_home: Path) -> dict[str, torch.Tensor]:
+    """Write a random state_dict of the timm model into the hub cache layout huggingface_hub reads."""
+    import timm
+
+    state = _randomised(timm.create_model(TIMM_ARCH, pretrained=False))
+    repo = hf_home / "hub" / f"models--{TIMM_REPO.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(snapshot / "model.safetensors"))
+    return state
+
+
+def _assert_loaded(model: torch.nn.Module, state: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> int:
+    own = model.state_dict()
+    checked = 0
+    for key, value in state.items():
+        if key.startswith(skip):
+            continue
+        assert torch.equal(own[key], value), key
+        checked += 1
+    assert checked > 0
+    return checked
+
+
+@pytest.mark.parametrize("name", ["DEFAULT", "IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1"])
+def test_torchvision_weights_by_name_from_torch_home(caches: tuple[Path, Path], no_network: None, name: str) -> None:
+    state = _torchvision_file(caches[0], "resnet18")
+    model = build_model({"name": "torchvision", "arch": "resnet18", "weights": name}, BN, 1000)
+    assert _assert_loaded(model, state) == len(state)
+
+
+def test_other_num_classes_keep_the_backbone_and_initialise_the_head(caches: tuple[Path, Path],
+                                                                     no_network: None) -> None:
+    state = _torchvision_file(caches[0], "mobilenet_v3_small")
+    torch.manual_seed(0)
+    model = build_model({"name": "torchvision", "arch": "mobilenet_v3_small", "weights": "DEFAULT"}, BN, 6)
+    torch.manual_seed(0)
+    scratch = build_model({"name": "torchvision", "arch": "mobilenet_v3_small"}, BN, 6)
+    head = model.head_module_names[0]
+    assert _assert_loaded(model, state, skip=(f"{head}.",)) == len(state) - 2
+    assert model.state_dict()[f"{head}.weight"].shape[0] == 6
+    assert torch.equal(model.state_dict()[f"{head}.weight"], scratch.state_dict()[f"{head}.weight"])
+
+
+def test_our_imagenet_resnet_and_deeplab_backbone_by_name(caches: tuple[Path, Path], no_network: None) -> None:
+    state = _torchvision_file(caches[0], "resnet18")
+    classifier = build_model({"name": "resnet18", "weights": "IMAGENET1K_V1"}, {"name": "syncbn"}, 1000)
+    assert _assert_loaded(classifier, state) == len(state)
+    seg = build_model({"name": "deeplabv3_resnet18", "backbone_weights": "DEFAULT", "aux_loss_weight": 0.0}, BN, 5)
+    assert _assert_loaded(seg.backbone, state, skip=("fc.",)) == len(state) - 2
+
+
+def test_timm_pretrained_from_the_hugging_face_cache(caches: tuple[Path, Path], no_network: None) -> None:
+    state = _timm_file(caches[1])
+    model = build_model({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, BN, 1000)
+    assert _assert_loaded(model, state) == len(state)
+    other = build_model({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, {"name": "syncbn"}, 6)
+    assert _assert_loaded(other, state, skip=("classifier.",)) == len(state) - 2
+    assert other.classifier.weight.shape[0] == 6
+
+
+def test_weights_files_false_loads_nothing(caches: tuple[Path, Path], no_network: None) -> None:
+    """evaluate / predict / resume build with weights_files=False: a missing cache is no error there."""
+    build_model({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, BN, 6, weights_files=False)
+    build_model({"name": "torchvision", "arch": "resnet18", "weights": "DEFAULT"}, BN, 6, weights_files=False)
+
+
+def test_missing_file_offline_names_the_exact_cache_path(caches: tuple[Path, Path], no_network: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch_home, hf_home = caches
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE") as err:
+        build_model({"name": "torchvision", "arch": "resnet18", "weights": "DEFAULT"}, BN, 6)
+    assert str(torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in str(err.value)
+    with pytest.raises(FileNotFoundError) as err:
+        build_model({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, BN, 6)
+    folder = hf_home / "hub" / f"models--{TIMM_REPO.replace('/', '--')}"
+    assert f"{folder}/snapshots/<commit>/model.safetensors" in str(err.value)
+    assert f"{folder}/refs/main" in str(err.value)
+
+
+def test_missing_file_and_failed_download_names_the_path(caches: tuple[Path, Path], no_network: None) -> None:
+    """Not declared offline: the library tries to download; its failure is the same clear error."""
+    with pytest.raises(FileNotFoundError, match="downloading them failed") as err:
+        build_model({"name": "deeplabv3_resnet18", "backbone_weights": "IMAGENET1K_V1"}, BN, 5)
+    assert str(caches[0] / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in str(err.value)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(name="torchvision", arch="resnet18", weights="IMAGENET1K_V2"), "DEFAULT, IMAGENET1K_V1"),
+    (dict(name="torchvision", arch="resnet18", weights="ResNet50_Weights.IMAGENET1K_V2"), "not a weights name"),
+    (dict(name="resnet20", weights="DEFAULT"), "no weights by name"),
+    (dict(name="timm", arch="resnet18", weights="DEFAULT"), "model.pretrained=true"),
+    (dict(name="torchvision", arch="resnet18", pretrained=True), "model.weights=DEFAULT"),
+    (dict(name="deeplabv3_resnet18", weights="DEFAULT"), "model.backbone_weights=DEFAULT"),
+    (dict(name="timm", arch="resnet18", pretrained=True, backbone_weights="/w/r18.pth"), "keep one"),
+])
+def test_bad_names_are_refused_at_validation(kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**kw).validate()
+
+
+def test_a_name_is_told_from_a_path() -> None:
+    assert all(map(is_weights_name, ["DEFAULT", "IMAGENET1K_V2", "ResNet50_Weights.IMAGENET1K_V2"]))
+    assert not any(map(is_weights_name, ["w.pth", "/w/DEFAULT", "resnet50-0676ba61.pth", "DEFAULT.pth", None]))
