@@ -95,6 +95,7 @@ def training_config(stored: dict[str, Any], cfg: DictConfig) -> DictConfig:
     # The checkpoint already holds every weight: do not look for the (possibly absent) init files.
     base.model.weights = None
     base.model.backbone_weights = None
+    base.model.pretrained = False  # nor timm's pretrained weights in the Hugging Face cache
     overrides = overrides_of(cfg)
     return OmegaConf.merge(base, overrides) if overrides else base
 

@@ -1,8 +1,8 @@
 """`predict.py ckpt=PATH input=DIR_OR_FILE out=DIR`: a trained model on new images, alone or under torchrun.
 
-Steps: check the arguments, read the checkpoint through src/engine/checkpoint/state.py (the format's owner;
-weights_only=True) and its stored training config with the command line's overrides (as evaluate.py
-does), start the process group if torchrun launched us, list
+Steps: check the arguments, rebuild the checkpoint's model with its stored training config and the command
+line's overrides (src/commands/trained_model.py, the checkpoint reader export.py shares; SyncBN models as
+BatchNorm), start the process group if torchrun launched us, list
 the inputs (src/commands/predict_io.py), give each rank a contiguous shard (ExactEvalSampler: every image
 exactly once), predict, gather to rank 0, and write there:
 - classification: each image through the training data's evaluation resize / crop
@@ -31,32 +31,20 @@ log = logging.getLogger(__name__)
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
 # Keys of conf/predict.yaml that override the stored training config (evaluate.py's rule: non-null leaves).
 OVERRIDE_SECTIONS = ("device", "data", "model", "norm", "trainer")
-# Norms whose eval-mode forward is BatchNorm's with the running statistics: predicted with nn.BatchNorm2d,
-# which needs neither the compiled SyncBN kernels nor NCCL (the state_dict keys are the same). Only the
-# keys BatchNorm reads are kept: synchronisation settings are refused for norm=bn.
-BATCHNORM_IN_EVAL = ("syncbn", "torch_syncbn")
-BATCHNORM_KEYS = ("eps", "momentum", "affine_trainable")
 # Masks travel to rank 0 in rounds of this many per rank (a 12-megapixel mask is 12 MB of uint8).
 MASKS_PER_ROUND = 8
 
 
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
-    from src.config import task_of, validate_config
-    from src.commands.evaluate import training_config
-    from src.engine.checkpoint.state import model_weights, read_checkpoint, stored_config
+    from src.commands.trained_model import load_trained_model
 
     ckpt_path, source, out_dir = _paths(cfg)
     if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
         raise ValueError(f"topk and batch_size must be >= 1, got topk={cfg.topk}, batch_size={cfg.batch_size}")
-    ckpt = read_checkpoint(ckpt_path)
     overrides = OmegaConf.masked_copy(cfg, [k for k in OVERRIDE_SECTIONS if k in cfg])
-    train_cfg = training_config(stored_config(ckpt), overrides)
-    if train_cfg.norm.name in BATCHNORM_IN_EVAL:
-        train_cfg.norm = {"name": "bn", **{k: train_cfg.norm[k] for k in BATCHNORM_KEYS if k in train_cfg.norm}}
-    train_cfg = validate_config(train_cfg)
-    task = task_of(train_cfg)
-    weights = model_weights(ckpt, bool(cfg.ema), str(ckpt_path))
+    trained = load_trained_model(ckpt_path, overrides, ema=bool(cfg.ema))  # on the CPU, before any process group
+    train_cfg, task, names = trained.config, trained.task, trained.class_names
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     device = dist.select_device(train_cfg.device)
@@ -68,8 +56,7 @@ def run(cfg: DictConfig) -> Path:
 
         if device.type == "cpu":
             configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())
-        names = class_names(ckpt, train_cfg, weights)
-        model = _model(train_cfg, weights, ckpt, str(ckpt_path), len(names), device)
+        model = _on_device(trained.model, train_cfg, device)
         loader = _loader(train_cfg, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         if task == "classification":
             written = _classify(model, loader, relative, names, min(int(cfg.topk), len(names)), train_cfg, device,
@@ -94,40 +81,9 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path, Path]:
     return ckpt, Path(str(cfg.input)).expanduser(), Path(str(cfg.out)).expanduser()
 
 
-def class_names(ckpt: dict[str, Any], train_cfg: DictConfig, weights: dict[str, torch.Tensor]) -> list[str]:
-    """The training data's class names, stored in the checkpoint; numbered for checkpoints without them."""
-    stored = ckpt.get("class_names")
-    if stored:
-        return [str(n) for n in stored]
-    n = _num_classes_from_weights(train_cfg, weights)
-    log.warning("%s classes: the checkpoint stores no class names (written by an older version); "
-                "predictions name them 0..%d", n, n - 1)
-    return [str(i) for i in range(n)]
-
-
-def _num_classes_from_weights(train_cfg: DictConfig, weights: dict[str, torch.Tensor]) -> int:
-    """The class count of a checkpoint without names: the output layers are the tensors whose first
-    dimension follows num_classes (compared between two builds of the model)."""
-    from src.models import build_model
-
-    shapes = [{k: v.shape for k, v in build_model(train_cfg.model, train_cfg.norm, n).state_dict().items()}
-              for n in (2, 3)]
-    heads = [k for k in shapes[0] if shapes[0][k][:1] == (2,) and shapes[1][k][:1] == (3,)]
-    if not heads or heads[0] not in weights:
-        raise ValueError("cannot tell the number of classes of this checkpoint (no class names stored, no "
-                         "classifier weights found)")
-    return int(weights[heads[0]].shape[0])
-
-
-def _model(train_cfg: DictConfig, weights: dict[str, torch.Tensor], ckpt: dict[str, Any], source: str,
-           num_classes: int, device: torch.device) -> torch.nn.Module:
-    from src.engine.amp import PRECISIONS
-    from src.engine.checkpoint.state import load_model_weights
-    from src.models import build_model
-
-    model = build_model(train_cfg.model, train_cfg.norm, num_classes)
-    load_model_weights(model, weights, ckpt["config"], OmegaConf.to_container(train_cfg, resolve=True), source)
-    model.to(device, PRECISIONS[train_cfg.trainer.dtype]).eval()
+def _on_device(model: torch.nn.Module, train_cfg: DictConfig, device: torch.device) -> torch.nn.Module:
+    """The loaded model on this rank's device, in the training run's memory format."""
+    model.to(device).eval()
     if train_cfg.trainer.channels_last:
         model.to(memory_format=torch.channels_last)
     return model

@@ -1,0 +1,199 @@
+"""export.py: a SyncBN checkpoint, written by the real checkpoint writer, exported in each format; the file's
+outputs on real images (the embedded shapes sets) equal PyTorch's at two batch sizes and, where the model
+allows, another image size, for a classifier and a segmenter.
+
+Tolerances (measured on a 2-core AMD EPYC VM, float32, one thread, logits scaled to |logit| ~2-7):
+- ExportedProgram and TorchScript run PyTorch's own kernels: max |difference| measured 0 (bit-identical) for
+  both models at every shape; bound 1e-5 absolute, room for another CPU's kernel choice.
+- onnxruntime has its own convolution kernels and folds BatchNorm into the convolutions: measured max
+  |difference| 1.4e-6 (classifier) and 1.3e-6 (segmenter); bound 1e-4 absolute + 1e-5 relative (~70x).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import src.config  # noqa: F401  (registers train_schema)
+from src.commands.export import FORMATS, SUFFIXES, inference_module, run
+from src.commands.trained_model import load_trained_model
+from src.config import validate_config
+from src.data import build_datasets
+from src.engine.checkpoint.files import save_checkpoint
+from src.engine.checkpoint.state import TrainState
+from src.engine.optim import build_optimizer, build_scheduler
+from src.models import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+EXACT_ATOL = 1e-5  # ExportedProgram / TorchScript: PyTorch's kernels (measured 0)
+ORT_ATOL, ORT_RTOL = 1e-4, 1e-5  # onnxruntime's kernels (measured <= 1.4e-6)
+
+MODELS = {
+    # A CIFAR ResNet-20 on shapes (32x32): classifier with global pooling, any image size.
+    "classifier": ["model=resnet20", "norm=syncbn", "data=shapes", "data.num_classes=4"],
+    # The segmentation demo's DeepLabV3+ (stride-2 decoder stage, aux head) made narrow: a small segmenter.
+    "segmenter": ["experiment=shapes_seg_deeplabv3plus", "model.head_channels=16", "data.image_size=48",
+                  "data.crop_size=48", "trainer.amp=none"],
+}
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return validate_config(compose("train", overrides=overrides + ["data.train_size=8", "data.val_size=8"]))
+
+
+def _write_checkpoint(path: Path, overrides: list[str]) -> dict[str, torch.Tensor]:
+    """Build the model with norm=syncbn, give every tensor (running statistics too) random values, and write a
+    checkpoint through TrainState.state_dict + save_checkpoint, as training does. Returns the weights."""
+    cfg = _compose(overrides)
+    names = build_datasets(cfg.data, seed=0).class_names
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.norm, len(names))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for key, t in model.state_dict().items():
+            if "running_var" in key:
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif "running_mean" in key:
+                t.copy_(torch.randn(t.shape, generator=g) * 0.1)
+            elif t.is_floating_point() and key.endswith(".weight") and t.dim() == 1:  # norm scales
+                t.copy_(1 + 0.2 * torch.randn(t.shape, generator=g))
+        # Logits of magnitude ~10, like a trained model's, so the absolute tolerances below mean something.
+        head = [m for n, m in model.named_modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))
+                and not n.startswith("aux") and getattr(m, "out_channels", getattr(m, "out_features", 0)) == len(names)]
+        head[-1].weight.mul_(10.0 / model_logit_scale(model, cfg))
+    optimizer = build_optimizer(model, cfg.optim, cfg.data.batch_size)
+    scheduler = build_scheduler(optimizer, cfg.sched, 1, cfg.trainer.epochs)
+    state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False),
+                       config=OmegaConf.to_container(cfg, resolve=True), class_names=list(names))
+    save_checkpoint(state.state_dict(), path)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def model_logit_scale(model: torch.nn.Module, cfg) -> float:
+    """The largest |logit| of the model (eval mode) on a random batch."""
+    side = cfg.data.image_size
+    with torch.no_grad():
+        out = inference_module(model)(torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
+    model.train()
+    return float(out.abs().max())
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict]:
+    path = tmp_path_factory.mktemp(request.param) / "last.pt"
+    return request.param, path, _write_checkpoint(path, MODELS[request.param])
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _real_images(ckpt: Path, count: int, size: int | None = None) -> torch.Tensor:
+    """Validation images of the checkpoint's dataset through its evaluation transform (then resized)."""
+    cfg = load_trained_model(ckpt).config
+    val = build_datasets(cfg.data, seed=0).val
+    images = torch.stack([val[i][0] for i in range(count)])
+    if size is not None:
+        images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False)
+    return images
+
+
+def _export(ckpt: Path, fmt: str, out: Path) -> Path:
+    return run(OmegaConf.create({"ckpt": str(ckpt), "format": fmt, "out": str(out), "ema": False, "batch_size": 2,
+                                 "image_size": None}))
+
+
+def _runner(fmt: str, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    if fmt == "onnx":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+    if fmt == "exported_program":
+        program = torch.export.load(str(path))
+        return lambda x: program.module()(x)
+    scripted = torch.jit.load(str(path))
+    return lambda x: scripted(x)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_exported_file_computes_the_checkpoint_model(checkpoint: tuple[str, Path, dict], fmt: str,
+                                                     tmp_path: Path) -> None:
+    kind, ckpt, weights = checkpoint
+    out = _export(ckpt, fmt, tmp_path / f"model{SUFFIXES[fmt]}")
+    reference = inference_module(load_trained_model(ckpt).model)
+    exported = _runner(fmt, out)
+    size = 32 if kind == "classifier" else 48
+    cases = [_real_images(ckpt, 1), _real_images(ckpt, 5),  # two batch sizes, neither the example's 2
+             _real_images(ckpt, 3, size=(size + 8, size + 16))]  # another, non-square image size
+    atol, rtol = (ORT_ATOL, ORT_RTOL) if fmt == "onnx" else (EXACT_ATOL, 0.0)
+    for images in cases:
+        with torch.no_grad():
+            expected = reference(images)
+            got = exported(images)
+        assert got.shape == expected.shape
+        diff = (got - expected).abs().max().item()
+        print(f"{kind} {fmt} {tuple(images.shape)}: max |diff| {diff:.3g}, max |logit| {expected.abs().max():.3g}")
+        torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    if kind == "segmenter":
+        assert cases[2].shape[-2:] == expected.shape[-2:]  # one logit per pixel at the input's size
+
+
+def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: tuple[str, Path, dict]) -> None:
+    """Also when the model arrives with SyncBatchNorm layers (as a trained model in memory does)."""
+    kind, ckpt, weights = checkpoint
+    from src.syncbn import SyncBatchNorm
+
+    cfg = _compose(MODELS[kind])
+    model = build_model(cfg.model, cfg.norm, len(load_trained_model(ckpt).class_names))
+    assert any(isinstance(m, SyncBatchNorm) for m in model.modules())
+    model.load_state_dict(weights)
+    exported = inference_module(model)
+    assert not any(isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)) for m in exported.modules())
+    assert not exported.training
+    state = exported.model.state_dict()
+    for key, value in weights.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_bad_arguments_are_refused_naming_the_key(tmp_path: Path, checkpoint: tuple[str, Path, dict]) -> None:
+    _, ckpt, _ = checkpoint
+    base = {"ckpt": str(ckpt), "format": "onnx", "out": str(tmp_path / "m.onnx"), "ema": False, "batch_size": 2,
+            "image_size": None}
+    cases = [({"format": "tflite"}, ValueError, "format=tflite is not an export format; use one of onnx"),
+             ({"format": None}, ValueError, "format is required"),
+             ({"ckpt": str(tmp_path / "nope.pt")}, FileNotFoundError, "no such file"),
+             ({"out": str(tmp_path)}, ValueError, "is a folder"),
+             ({"format": "exported_program", "out": str(tmp_path / "m.pt")}, ValueError, r"end in \.pt2"),
+             ({"batch_size": 1}, ValueError, "batch_size=1"),
+             ({"ema": True}, ValueError, "holds no EMA weights")]
+    for change, error, match in cases:
+        with pytest.raises(error, match=match):
+            run(OmegaConf.create({**base, **change}))
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_command_line(tmp_path: Path) -> None:
+    """The README's command, as a process."""
+    ckpt = tmp_path / "last.pt"
+    _write_checkpoint(ckpt, MODELS["classifier"])
+    out = tmp_path / "exported" / "model.onnx"
+    proc = subprocess.run([sys.executable, str(REPO / "export.py"), f"ckpt={ckpt}", "format=onnx", f"out={out}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.is_file() and "exported" in proc.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "export.py"), f"ckpt={ckpt}", "format=tf", f"out={out}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "format=tf is not an export format" in bad.stderr
