@@ -17,8 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
-from src.engine.preemption import parse_signals
 from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.signal_names import parse_signals
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "poly")

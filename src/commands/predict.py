@@ -9,7 +9,7 @@ exactly once), predict, gather to rank 0, and write there:
   (src.data.transforms.classification_predict_transform), the top-k classes and softmax probabilities
   -> out/predictions.csv;
 - segmentation: each image at its own size, only normalised as in evaluation, the argmax per pixel
-  -> one palette PNG per input, at the input's size (src.engine.evaluation.exports.save_mask_png, as evaluate.py's export).
+  -> one palette PNG per input, at the input's size (src.data.palette.save_mask_png, as evaluate.py's export).
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def _classify(model: torch.nn.Module, loader: DataLoader, relative: list[Path], 
 def _segment(model: torch.nn.Module, loader: DataLoader, relative: list[Path], train_cfg: DictConfig,
              device: torch.device, out_dir: Path, names: list[str]) -> Path:
     """Masks go to rank 0 in rounds while predicting, so no rank holds more than a round of them."""
-    from src.engine.evaluation.exports import save_mask_png
+    from src.data.palette import save_mask_png
 
     targets = mask_names(relative)
     batches = iter(loader)  # one image per batch

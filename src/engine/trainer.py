@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -31,23 +30,13 @@ from src.engine.accumulation import gradient_sync, micro_step
 from src.engine.amp import PRECISIONS, autocast
 from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.finite import FiniteGuard
-from src.engine.hooks import Hook
+from src.engine.hooks import Hook, StepOutput
 from src.engine.norm_health import sync_bn_buffers
 from src.engine.optim import current_lr
 from src.engine.checkpoint.state import TrainState
 from src.logger import progress
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepOutput:
-    """What one optimizer step did on this rank (nothing reduced, nothing synchronised)."""
-
-    loss_sum: torch.Tensor  # float64 on the device: sum over the step's micro-batches of mean loss x batch size
-    images: int  # images this rank processed in the step
-    seconds: float  # wall time of the step, from the first data wait to after the optimizer step
-    data_seconds: float  # of which waiting for the loader
 
 
 class Trainer:

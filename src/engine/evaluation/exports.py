@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from src import dist
-from src.data.palette import color_palette
+from src.data.palette import save_mask_png
 
 # Masks travel to rank 0 in rounds of this many per rank, so no rank ever holds every rank's masks
 # at once (VOC val is ~270 MB of uint8 masks).
@@ -38,14 +37,6 @@ def export_classification(out_dir: Path, indices: torch.Tensor, preds: torch.Ten
     with open(out_dir / "predictions.csv", "w", encoding="utf-8") as f:
         f.write("index,prediction\n")
         f.writelines(f"{i},{p}\n" for i, p in zip(indices.tolist(), preds.tolist()))
-
-
-def save_mask_png(path: Path, mask: np.ndarray) -> None:
-    """Save a [H, W] array of class indices (0-255) as a palette PNG."""
-    mask = np.ascontiguousarray(mask, dtype=np.uint8)
-    image = Image.frombytes("P", (mask.shape[1], mask.shape[0]), mask.tobytes())
-    image.putpalette(color_palette().flatten().tolist())
-    image.save(path)
 
 
 def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) -> None:
