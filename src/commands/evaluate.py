@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from src import dist
+from src import dist, process_group
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader
 from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
@@ -32,7 +32,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
+    process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     try:
         if device.type == "cpu":  # as in training: this process's share of the node's cores
@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         return metrics
     finally:
         if owns_group:
-            dist.destroy()
+            process_group.destroy()
 
 
 def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from src import dist
+from src import dist, process_group
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
 from src.config import TrainConfig
@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> Path:
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
+    process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     try:
         if device.type == "cpu":
@@ -66,7 +66,7 @@ def run(cfg: DictConfig) -> Path:
         return written
     finally:
         if owns_group:
-            dist.destroy()
+            process_group.destroy()
 
 
 def _paths(cfg: DictConfig) -> tuple[Path, Path]:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
-from src import dist
+from src import dist, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
@@ -51,17 +51,17 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     once logs, TensorBoard and the process group are closed.
     """
     # Before any process group: a typo fails fast on every rank.
-    config = validate_config(cfg, world_size=dist.launch_world_size())
-    device = dist.select_device(config.device)
+    config = validate_config(cfg, world_size=process_group.launch_world_size())
+    device = process_group.select_device(config.device)
     threads = configure_threads(config.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
-    dist.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
+    process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     if config.trainer.dry_run:
         try:
             _dry_run(config, device)
             return {}
         finally:
-            dist.destroy()
+            process_group.destroy()
     tracker: Optional[Tracker] = None
     try:
         run_dir = resolve_run_dir()
@@ -88,7 +88,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         tracker.flush()
     finally:
         _close(tracker)
-        dist.destroy()
+        process_group.destroy()
     if trainer.exit_code is not None:
         raise SystemExit(trainer.exit_code)
     return metrics

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from src import dist
+from src import process_group
 from src.config import TrainConfig, config_dict, task_of, validate_config
 from src.engine.amp import PRECISIONS
 from src.engine.checkpoint.files import checkpoint_file
@@ -70,7 +70,7 @@ def load_trained_run(path: str | Path, *, ema: bool = False, device: Optional[to
     weights = model_weights(ckpt, ema, str(path))
     names = stored_class_names(ckpt) or _numbered_classes(config, weights)
     if device is None:
-        device = dist.select_device(config.device)
+        device = process_group.select_device(config.device)
     model = build_model(config.model, config.norm, len(names))
     load_model_weights(model, weights, stored, config_dict(config), str(path))
     model.to(device, PRECISIONS[config.trainer.dtype]).eval()
