@@ -74,7 +74,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from src import dist
+    from src import dist, process_group
     from src.config import TrainerConfig
     from src.data import build_datasets, build_train_loader
     from src.data.config import DataConfig
@@ -84,7 +84,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     device = torch.device("cpu")
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // dist.get_local_world_size()))
     trainer = TrainerConfig()  # the trainer's own timeouts
-    dist.init_distributed(device, timeout_s=trainer.dist_timeout_s, init_timeout_s=trainer.dist_init_timeout_s)
+    process_group.init_distributed(device, timeout_s=trainer.dist_timeout_s, init_timeout_s=trainer.dist_init_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     data_cfg = DataConfig(name="shapes", batch_size=args.batch, train_size=args.train_size, val_size=100,
                           num_classes=8)
@@ -111,7 +111,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     if rank == 0:
         rates = _rates(args, stamps[args.skip], stamps[args.steps], cpu[args.skip], cpu[args.steps])
         Path(args.out).write_text(json.dumps(rates))
-    dist.destroy()
+    process_group.destroy()
 
 
 def main() -> None:

@@ -19,14 +19,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
 
-from src import dist  # noqa: E402  (the repo's gateway to torch.distributed)
+from src import dist, process_group  # noqa: E402  (the repo's gateway to torch.distributed, and forming its group)
 from src.syncbn import SyncBatchNorm2d, convert_sync_batchnorm  # noqa: E402
 
 
 def main() -> None:
     """Train a few steps with uneven per-rank batches and check the synchronised statistics."""
-    device = dist.select_device("auto")
-    dist.init_distributed(device, timeout_s=120, init_timeout_s=120)  # no-op without torchrun
+    device = process_group.select_device("auto")
+    process_group.init_distributed(device, timeout_s=120, init_timeout_s=120)  # no-op without torchrun
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank
     model = nn.Sequential(
@@ -61,7 +61,7 @@ def main() -> None:
           f"{everything.shape[0]}; BN running_mean[:3] = {net[1].running_mean[:3].tolist()}")
     if world > 1:
         dist.barrier()
-    dist.destroy()
+    process_group.destroy()
     if rank == 0:
         print("ok: SyncBatchNorm2d trained on", world, "process(es) with uneven batches")
 

@@ -17,8 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
-from src.engine.preemption import parse_signals
 from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.signal_names import parse_signals
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "poly")
@@ -136,6 +136,9 @@ class TrainerConfig:
     # eval mode. compile_mode is torch.compile's mode (reduce-overhead adds CUDA graphs on GPUs).
     compile: bool = False
     compile_mode: str = "default"
+    # Validate, form the process group, build model and data, one forward of one batch (no optimizer step,
+    # nothing written), print a summary and exit 0: src/commands/dry_run.py.
+    dry_run: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
@@ -192,8 +195,11 @@ OmegaConf.register_new_resolver("on_rank_zero", lambda value: value if os.enviro
                                 replace=True)
 
 
-def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> DictConfig:
+def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> TrainConfig:
     """Merge `cfg` into the schema (unknown keys and wrong types rejected), run every check; return it typed.
+
+    The TrainConfig returned is the one config the run uses from here on; `config_dict` derives the plain
+    dict a checkpoint stores from it.
 
     Raises ValueError whose message names the offending key. Call it before init_distributed. world_size:
     the number of training processes, for checks that depend on it (norm.group_size); None skips them
@@ -218,7 +224,12 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     typed.norm.validate(typed.device, world_size=world_size)
     check_model_norm(typed.model, typed.norm)
     _check_across_groups(typed)
-    return merged
+    return typed
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The resolved config as a plain dict, in the schema's key order: what checkpoints store as `config`."""
+    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)  # type: ignore[return-value]
 
 
 def task_of(cfg: DictConfig | TrainConfig) -> str:

@@ -23,7 +23,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from src.commands.evaluate import overrides_of, run
+from src.commands.evaluate import run
+from src.engine.checkpoint.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,8 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
-from src.commands.export import FORMATS, SUFFIXES, inference_module, run
-from src.commands.trained_model import load_trained_model
+from src.commands.export import FORMATS, SUFFIXES, inference_module, load_trained_model, run
 from src.config import validate_config
 from src.data import build_datasets
 from src.engine.checkpoint.files import save_checkpoint

@@ -188,8 +188,9 @@ def _predict_on_ranks(rank: int, world: int, ckpt: str, source: str, out: str) -
     from hydra import compose, initialize_config_dir
 
     import src.commands.predict as predict
+    import src.engine.evaluation.exports as exports
 
-    predict.MASKS_PER_ROUND = 2  # several gather rounds with a handful of images
+    exports.MASKS_PER_ROUND = 2  # several gather rounds with a handful of images
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         cfg = compose("predict", overrides=[f"ckpt={ckpt}", f"input={source}", f"out={out}", "num_workers=0",
                                             *THREADS])

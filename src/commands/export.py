@@ -1,6 +1,7 @@
 """`export.py ckpt=PATH format=onnx|exported_program|torchscript out=FILE`: a checkpoint's model as one file.
 
-The model is the checkpoint's (src/commands/trained_model.py, the checkpoint reader predict.py uses), with
+The model is the checkpoint's, read by load_trained_run (src/engine/checkpoint/trained_run.py, the reader of
+predict.py and evaluate.py too: SyncBN models come back as BatchNorm, on the CPU here), with
 every SyncBatchNorm reverted to BatchNorm (running statistics kept) and in eval mode, so the file computes
 exactly what evaluation and prediction compute and needs neither our kernels nor a process group. Its one
 input is a normalised float image batch [N, 3, H, W] (the training data's normalisation: mean / std in the
@@ -48,8 +49,6 @@ class LogitsOnly(nn.Module):
 
 def run(cfg: DictConfig) -> Path:
     """Export cfg.ckpt's model to cfg.out in cfg.format; returns the written file."""
-    from src.commands.trained_model import load_trained_model
-
     ckpt, fmt, out = check_arguments(cfg)
     trained = load_trained_model(ckpt, ema=bool(cfg.ema))
     model = inference_module(trained.model)
@@ -59,10 +58,20 @@ def run(cfg: DictConfig) -> Path:
     example = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     EXPORTERS[fmt](model, example, out)
-    print(f"exported {trained.source} ({trained.task}, {len(trained.class_names)} classes) as {fmt}: {out}; "
+    print(f"exported {trained.path} ({trained.task}, {len(trained.class_names)} classes) as {fmt}: {out}; "
           f"input: float [N, 3, H, W] normalised with mean={list(trained.config.data.mean)} "
           f"std={list(trained.config.data.std)}", flush=True)
     return out
+
+
+def load_trained_model(ckpt: Path, ema: bool = False) -> Any:
+    """The checkpoint's TrainedRun on the CPU in the contiguous memory format: the one place export reads a
+    checkpoint (load_trained_run, shared with predict.py and evaluate.py)."""
+    from src.engine.checkpoint.trained_run import load_trained_run
+
+    trained = load_trained_run(ckpt, ema=ema, device=torch.device("cpu"))
+    trained.model.to(memory_format=torch.contiguous_format)  # a channels_last run's model comes back NHWC
+    return trained
 
 
 def check_arguments(cfg: DictConfig) -> tuple[Path, str, Path]:
@@ -73,10 +82,9 @@ def check_arguments(cfg: DictConfig) -> tuple[Path, str, Path]:
     fmt = str(cfg.format)
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt} is not an export format; use one of {', '.join(FORMATS)}")
-    ckpt = Path(str(cfg.ckpt)).expanduser()
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"ckpt={cfg.ckpt}: no such file; checkpoints are written to "
-                                "<run dir>/checkpoints/ (last.pt and best_*.pt)")
+    from src.engine.checkpoint.files import checkpoint_file
+
+    ckpt = checkpoint_file(cfg.ckpt, "ckpt")
     out = Path(str(cfg.out)).expanduser()
     if out.is_dir():
         raise ValueError(f"out={cfg.out} is a folder; give the file to write, e.g. out={out / ('model' + SUFFIXES[fmt])}")

@@ -1,103 +1,86 @@
 """`predict.py ckpt=PATH input=DIR_OR_FILE out=DIR`: a trained model on new images, alone or under torchrun.
 
-Steps: check the arguments, rebuild the checkpoint's model with its stored training config and the command
-line's overrides (src/commands/trained_model.py, the checkpoint reader export.py shares; SyncBN models as
-BatchNorm), start the process group if torchrun launched us, list
-the inputs (src/commands/predict_io.py), give each rank a contiguous shard (ExactEvalSampler: every image
-exactly once), predict, gather to rank 0, and write there:
+Steps: check the arguments, read the trained run (src/engine/checkpoint/trained_run.py, as evaluate.py
+does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
+(src/commands/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard (ExactEvalSampler: every image
+exactly once), predict, gather to rank 0, and write there (nothing with trainer.dry_run=true):
 - classification: each image through the training data's evaluation resize / crop
   (src.data.transforms.classification_predict_transform), the top-k classes and softmax probabilities
   -> out/predictions.csv;
 - segmentation: each image at its own size, only normalised as in evaluation, the argmax per pixel
-  -> one palette PNG per input, at the input's size (src.engine.evaluation.exports.save_mask_png, as evaluate.py's export).
+  -> one palette PNG per input, at the input's size (src.data.palette.save_mask_png, as evaluate.py's export).
 """
 from __future__ import annotations
 
-import itertools
-import logging
-import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from src import dist
+from src import dist, process_group
+from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
-
-log = logging.getLogger(__name__)
+from src.config import TrainConfig
+from src.data import ExactEvalSampler
+from src.data.config import coerce
+from src.data.palette import save_mask_png
+from src.data.samplers import check_each_index_once
+from src.data.seg_transforms import segmentation_predict_transform
+from src.data.transforms import classification_predict_transform
+from src.engine.amp import autocast, model_dtype, upcast
+from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
+from src.engine.cpu_threads import configure_threads
+from src.engine.evaluation.exports import gather_masks
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
-# Keys of conf/predict.yaml that override the stored training config (evaluate.py's rule: non-null leaves).
-OVERRIDE_SECTIONS = ("device", "data", "model", "norm", "trainer")
-# Masks travel to rank 0 in rounds of this many per rank (a 12-megapixel mask is 12 MB of uint8).
-MASKS_PER_ROUND = 8
+EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
 
 
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
-    from src.commands.trained_model import load_trained_model
-
-    ckpt_path, source, out_dir = _paths(cfg)
+    source, out_dir = _paths(cfg)
     if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
         raise ValueError(f"topk and batch_size must be >= 1, got topk={cfg.topk}, batch_size={cfg.batch_size}")
-    overrides = OmegaConf.masked_copy(cfg, [k for k in OVERRIDE_SECTIONS if k in cfg])
-    trained = load_trained_model(ckpt_path, overrides, ema=bool(cfg.ema))  # on the CPU, before any process group
-    train_cfg, task, names = trained.config, trained.task, trained.class_names
+    trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
+    config, device = trained.config, trained.device
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
-    device = dist.select_device(train_cfg.device)
     owns_group = not dist.is_initialized()
-    dist.init_distributed(device, timeout_s=train_cfg.trainer.dist_timeout_s,
-                          init_timeout_s=train_cfg.trainer.dist_init_timeout_s)
+    process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
+                          init_timeout_s=config.trainer.dist_init_timeout_s)
     try:
-        from src.engine.seeding import configure_threads
-
         if device.type == "cpu":
-            configure_threads(train_cfg.trainer.num_threads, dist.get_local_world_size())
-        model = _on_device(trained.model, train_cfg, device)
-        loader = _loader(train_cfg, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
-        if task == "classification":
-            written = _classify(model, loader, relative, names, min(int(cfg.topk), len(names)), train_cfg, device,
-                                out_dir)
+            configure_threads(config.trainer.num_threads, dist.get_local_world_size())
+        loader = _loader(config, trained.task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
+        if config.trainer.dry_run:
+            _dry_run(trained, loader, len(relative), out_dir)
+            return out_dir
+        if trained.task == "classification":
+            written = _classify(trained, loader, relative, min(int(cfg.topk), len(trained.class_names)), out_dir)
         else:
-            written = _segment(model, loader, relative, train_cfg, device, out_dir, names)
+            written = _segment(trained, loader, relative, out_dir)
         dist.barrier()
         return written
     finally:
         if owns_group:
-            dist.destroy()
+            process_group.destroy()
 
 
-def _paths(cfg: DictConfig) -> tuple[Path, Path, Path]:
+def _paths(cfg: DictConfig) -> tuple[Path, Path]:
+    """(input, out) after checking that ckpt, input and out were all given (ckpt's file is checked when read)."""
     missing = [k for k in ("ckpt", "input", "out") if not cfg.get(k)]
     if missing:
         raise ValueError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {USAGE}")
-    ckpt = Path(str(cfg.ckpt)).expanduser()
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"ckpt={cfg.ckpt}: no such file; checkpoints are written to "
-                                "<run dir>/checkpoints/ (last.pt and best_*.pt)")
-    return ckpt, Path(str(cfg.input)).expanduser(), Path(str(cfg.out)).expanduser()
+    return Path(str(cfg.input)).expanduser(), Path(str(cfg.out)).expanduser()
 
 
-def _on_device(model: torch.nn.Module, train_cfg: DictConfig, device: torch.device) -> torch.nn.Module:
-    """The loaded model on this rank's device, in the training run's memory format."""
-    model.to(device).eval()
-    if train_cfg.trainer.channels_last:
-        model.to(memory_format=torch.channels_last)
-    return model
-
-
-def _loader(train_cfg: DictConfig, task: str, base: Path, relative: list[Path], batch_size: int,
+def _loader(config: TrainConfig, task: str, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> DataLoader:
     """This rank's contiguous shard of the inputs; segmentation one image per batch (each at its own size)."""
-    from src.data import ExactEvalSampler
-    from src.data.config import coerce
-    from src.data.seg_transforms import segmentation_predict_transform
-    from src.data.transforms import classification_predict_transform
-
-    data_cfg = coerce(OmegaConf.to_container(train_cfg.data, resolve=True))
+    data_cfg = coerce(config.data)
     if task == "classification":
         transform = classification_predict_transform(data_cfg)
     else:
@@ -111,65 +94,73 @@ def _loader(train_cfg: DictConfig, task: str, base: Path, relative: list[Path], 
                       sampler=ExactEvalSampler(len(dataset), dist.get_rank(), dist.get_world_size()), **kwargs)
 
 
-def _forward(model: torch.nn.Module, images: torch.Tensor, train_cfg: DictConfig, device: torch.device) -> torch.Tensor:
+def _forward(trained: TrainedRun, images: torch.Tensor) -> torch.Tensor:
     """Logits (float32, or float64 for trainer.dtype=float64) under the training run's autocast."""
-    from src.engine.amp import autocast, model_dtype, upcast
-
-    images = images.to(device, model_dtype(model), non_blocking=True)
-    if train_cfg.trainer.channels_last:
+    settings = trained.config.trainer
+    images = images.to(trained.device, model_dtype(trained.model), non_blocking=True)
+    if settings.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), autocast(train_cfg.trainer.amp, device):
-        out = model(images)
+    with torch.inference_mode(), autocast(settings.amp, trained.device):
+        out = trained.model(images)
     return upcast(out["out"] if isinstance(out, dict) else out)
 
 
-def _classify(model: torch.nn.Module, loader: DataLoader, relative: list[Path], names: list[str], k: int,
-              train_cfg: DictConfig, device: torch.device, out_dir: Path) -> Path:
+def _classify(trained: TrainedRun, loader: DataLoader, relative: list[Path], k: int, out_dir: Path) -> Path:
     rows: list[tuple[int, list[int], list[float]]] = []
     for images, indices in loader:
-        probs = _forward(model, images, train_cfg, device).softmax(dim=1)
+        probs = _forward(trained, images).softmax(dim=1)
         top = probs.topk(k, dim=1)
         rows += [(int(i), c.tolist(), p.tolist()) for i, c, p in zip(indices, top.indices.cpu(), top.values.cpu())]
     gathered = sorted(r for part in dist.all_gather_object(rows) for r in part)
-    _check_each_once([r[0] for r in gathered], len(relative))
+    check_each_index_once([r[0] for r in gathered], len(relative), "inputs", EACH_ONCE_HINT)
     path = out_dir / PREDICTIONS_CSV
     if dist.is_main_process():
+        names = trained.class_names
         write_predictions_csv(path, [relative[i].as_posix() for i, _, _ in gathered],
                               [[names[c] for c in cs] for _, cs, _ in gathered], [ps for _, _, ps in gathered])
         print(f"predicted {len(gathered)} image(s) on {dist.get_world_size()} process(es): {path}", flush=True)
     return path
 
 
-def _segment(model: torch.nn.Module, loader: DataLoader, relative: list[Path], train_cfg: DictConfig,
-             device: torch.device, out_dir: Path, names: list[str]) -> Path:
-    """Masks go to rank 0 in rounds while predicting, so no rank holds more than a round of them."""
-    from src.engine.evaluation.exports import save_mask_png
-
+def _segment(trained: TrainedRun, loader: DataLoader, relative: list[Path], out_dir: Path) -> Path:
+    """Masks go to rank 0 in rounds while predicting (gather_masks), so no rank holds more than a round."""
     targets = mask_names(relative)
-    batches = iter(loader)  # one image per batch
-    largest_shard = math.ceil(len(relative) / dist.get_world_size())  # ExactEvalSampler's first shard
-    seen: list[int] = []
-    for _ in range(math.ceil(largest_shard / MASKS_PER_ROUND)):
-        chunk = []
-        for images, indices in itertools.islice(batches, MASKS_PER_ROUND):
-            pred = _forward(model, images, train_cfg, device).argmax(dim=1).to(torch.uint8).cpu()
-            chunk += [(int(i), m.numpy()) for i, m in zip(indices, pred)]
-        for part in dist.all_gather_object(chunk):  # every rank takes part in every round, maybe with none
-            for index, mask in part:
-                seen.append(index)
-                if dist.is_main_process():
-                    path = out_dir / targets[index]
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    save_mask_png(path, mask)
-    _check_each_once(seen, len(relative))
+
+    def masks() -> Iterator[tuple[int, np.ndarray]]:
+        for images, indices in loader:  # one image per batch
+            pred = _forward(trained, images).argmax(dim=1).to(torch.uint8).cpu()
+            yield from ((int(i), m.numpy()) for i, m in zip(indices, pred))
+
+    def write(index: int, mask: np.ndarray) -> None:
+        path = out_dir / targets[index]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_mask_png(path, mask)
+
+    seen = gather_masks(masks(), len(loader), write)
+    check_each_index_once(seen, len(relative), "inputs", EACH_ONCE_HINT)
     if dist.is_main_process():
-        legend = ", ".join(f"{i}={n}" for i, n in enumerate(names))
+        legend = ", ".join(f"{i}={n}" for i, n in enumerate(trained.class_names))
         print(f"predicted {len(seen)} mask(s) on {dist.get_world_size()} process(es) under {out_dir} "
               f"(palette PNGs, pixel value = class: {legend})", flush=True)
     return out_dir
 
 
-def _check_each_once(indices: list[int], expected: int) -> None:
-    if sorted(indices) != list(range(expected)):
-        raise RuntimeError(f"{len(indices)} predictions for {expected} inputs ({len(set(indices))} distinct): "
-                           "every input must be predicted exactly once")
+def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
+    """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
+    config = trained.config
+    batch = next(iter(loader), None)  # a rank may have no inputs (fewer inputs than ranks)
+    shape = "none (empty shard)"
+    if batch is not None:
+        out = forward_one_batch(trained.model, batch[0], device=trained.device, amp=config.trainer.amp,
+                                channels_last=config.trainer.channels_last)
+        shape = f"input {tuple(batch[0].shape)} -> output {out['output']}"
+    print_summary("predict.py", {
+        "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
+        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
+                 f"norm={trained.trained_norm}, predicting with norm={config.norm.name}",
+        **model_facts(trained.model),
+        "world size": f"{dist.get_world_size()} process(es) on {trained.device}",
+        "inputs": f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0",
+        "first batch": f"{shape} (rank 0)",
+        "out": f"{out_dir} (not written: dry run)",
+    })

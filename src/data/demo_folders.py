@@ -38,7 +38,7 @@ def write_classify(out: Path, train_per_class: int = 1000, val_per_class: int = 
 
 def write_segment(out: Path, train_images: int = 2000, val_images: int = 300, seed: int = 0) -> Path:
     """A segfolder tree under out/segment (images of varying size, palette masks, classes.txt); returns it."""
-    from src.engine.evaluation.exports import save_mask_png  # the palette PNG writer predict.py and evaluate.py use
+    from src.data.palette import save_mask_png  # the same palette PNG writer as predict.py and evaluate.py
 
     root = Path(out) / "segment"
     for split, count in (("train", train_images), ("val", val_images)):

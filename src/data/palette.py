@@ -1,7 +1,11 @@
-"""The colour palette of segmentation masks, shared by TensorBoard panels and exported PNGs."""
+"""The colour palette of segmentation masks, shared by TensorBoard panels, and the palette PNG writer of
+exported, predicted and demo masks."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+from PIL import Image
 
 
 def color_palette() -> np.ndarray:
@@ -19,3 +23,11 @@ def color_palette() -> np.ndarray:
             c >>= 3
         palette[label] = (r, g, b)
     return palette
+
+
+def save_mask_png(path: Path, mask: np.ndarray) -> None:
+    """Save a [H, W] array of class indices (0-255) as a palette PNG."""
+    mask = np.ascontiguousarray(mask, dtype=np.uint8)
+    image = Image.frombytes("P", (mask.shape[1], mask.shape[0]), mask.tobytes())
+    image.putpalette(color_palette().flatten().tolist())
+    image.save(path)

@@ -6,7 +6,7 @@ sample once. These two samplers give both guarantees.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sized
+from typing import Iterator, Sequence, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -123,3 +123,18 @@ def _shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
     base, extra = divmod(n, world_size)
     lo = rank * base + min(rank, extra)
     return lo, lo + base + int(rank < extra)
+
+
+def check_each_index_once(indices: Sequence[int], expected: int | None, what: str, hint: str) -> None:
+    """Raise RuntimeError unless `indices` (gathered from every rank) visit 0..expected-1 exactly once each.
+
+    What ExactEvalSampler guarantees, checked where results are gathered: a padding sampler (or a shard
+    lost on the way) would make metrics or predictions silently wrong. `expected` None checks duplicates only.
+    """
+    distinct = len(set(indices))
+    if distinct != len(indices):
+        raise RuntimeError(f"some {what} were processed on more than one rank ({len(indices)} results, {distinct} "
+                           f"distinct): every one must be processed exactly once; {hint}")
+    if expected is not None and len(indices) != expected:
+        raise RuntimeError(f"{len(indices)} of {expected} {what} were processed across all ranks: every one must be "
+                           f"processed exactly once; {hint}")

@@ -16,16 +16,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
 from src.config import TrainConfig, TrainerConfig
-from src.engine.hooks import Hook
-
-if TYPE_CHECKING:
-    from src.engine.trainer import Trainer
+from src.engine.hooks import Hook, TrainerView
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +87,7 @@ def _reason(err: BaseException, max_lines: int = 12) -> str:
 class CompileReport(Hook):
     """After the first optimizer step: how long compiling took and into how many graphs the forward went."""
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         if trainer.state.progress.step != 1 or trainer.last_step is None:
             return
         from torch._dynamo.utils import counters

@@ -9,7 +9,8 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             because it is over (trainer.max_steps); trainer.epoch is the epoch just
                             trained, trainer.epoch_complete says whether it ran to its end,
                             trainer.finishing whether this is the last call
-    after_train(trainer)    once, when the loop has ended normally or by a stop request (not on an error)
+    after_train(trainer)    once, however the loop ended: normally, by a stop request, or by an error
+                            (it runs in a `finally`; the error propagates once every hook has run)
 
 Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
 SampleGridHook, EvalHook, CheckpointHook, then CompileReport (with trainer.compile) and PreemptionHook last:
@@ -35,35 +36,78 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
 
 import torch
+from torch import nn
 
 from src import dist
+from src.engine.checkpoint.files import CheckpointSaver
+from src.engine.checkpoint.state import TrainState
 from src.engine.norm_health import check_norm_health
 from src.engine.optim import current_lr
 from src.engine.tracking import Tracker
 from src.models.norms import NormSync
 
-if TYPE_CHECKING:
-    from src.engine.trainer import Trainer
-
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    """What one optimizer step did on this rank (nothing reduced, nothing synchronised)."""
+
+    loss_sum: torch.Tensor  # float64 on the device: sum over the step's micro-batches of mean loss x batch size
+    images: int  # images this rank processed in the step
+    seconds: float  # wall time of the step, from the first data wait to after the optimizer step
+    data_seconds: float  # of which waiting for the loader
+
+
+class TrainerView(Protocol):
+    """What a hook sees of the Trainer (src/engine/trainer.py): declared here, so hooks never import the loop."""
+
+    state: TrainState
+    loader: Any
+    saver: Optional[CheckpointSaver]
+    eval_module: nn.Module
+    epoch: int
+    epoch_complete: bool
+    finishing: bool
+    started: float
+    stop_reason: Optional[str]
+    last_step: Optional[StepOutput]
+    batch: Optional[tuple[torch.Tensor, torch.Tensor]]
+
+    def request_stop(self, reason: str, exit_code: Optional[int] = None) -> None:
+        """End training after the current step; with `exit_code`, as an interruption."""
+
+    def request_checkpoint(self) -> None:
+        """Write last.pt once the current step's hooks have run."""
+
+    def save_checkpoint(self) -> Optional[Path]:
+        """Write last.pt (and a best-k file when the current weights were evaluated). A collective."""
+
+    def sync_buffers(self) -> None:
+        """Make per-rank BN statistics equal on all ranks (a collective)."""
+
+    def show(self, **fields: str) -> None:
+        """Put short values on rank 0's progress bar."""
 
 
 class Hook:
     """Base class: every method is a no-op; override the ones a side job needs."""
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """Once, before the first step."""
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """After every optimizer step."""
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: TrainerView) -> None:
         """After every completed epoch, and at the end of training."""
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         """Once, after the loop."""
 
 
@@ -74,10 +118,10 @@ class NormSyncHook(Hook):
     def __init__(self, norm_sync: NormSync) -> None:
         self.norm_sync = norm_sync
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         self.norm_sync.on_step(trainer.state.progress.step)
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         self.norm_sync.on_step(trainer.state.progress.step)
 
 
@@ -93,7 +137,7 @@ class MetricsHook(Hook):
         self.images = self.steps = 0
         self.step_seconds = self.data_seconds = 0.0
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """Accumulate the step locally; reduce over ranks and log every `every` steps (a collective)."""
         out = trainer.last_step
         self.loss_sum = out.loss_sum if self.loss_sum is None else self.loss_sum + out.loss_sum
@@ -122,11 +166,11 @@ class StopAtMaxSteps(Hook):
     def __init__(self, max_steps: Optional[int]) -> None:
         self.max_steps = max_steps
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """A run resumed at or past max_steps trains no further."""
         self.after_step(trainer)
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """Request the stop when the step count reaches max_steps."""
         if self.max_steps is not None and trainer.state.progress.step >= self.max_steps:
             trainer.request_stop(f"trainer.max_steps={self.max_steps} reached")
@@ -138,7 +182,7 @@ class SampleGridHook(Hook):
     def __init__(self, log_grid: Callable[[torch.Tensor, torch.Tensor, int], None]) -> None:
         self.log_grid, self.done = log_grid, False
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """Once: hand the last micro-batch's images and labels (before MixUp) to `log_grid`."""
         if not self.done and trainer.batch is not None:
             images, targets = trainer.batch
@@ -153,7 +197,7 @@ class EvalHook(Hook):
                  pictures: Optional[Callable[[torch.nn.Module, int], None]] = None) -> None:
         self.evaluate, self.every, self.tracker, self.pictures = evaluate, every, tracker, pictures
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: TrainerView) -> None:
         """Evaluate when due; the metrics go to trainer.state.metrics for the checkpoint of these weights."""
         due = trainer.epoch_complete and (trainer.epoch + 1) % self.every == 0
         if not (due or trainer.finishing):
@@ -176,12 +220,12 @@ class CheckpointHook(Hook):
     def __init__(self, every: int) -> None:
         self.every = every
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """Ask for last.pt on the step schedule (written once all hooks of the step have run)."""
         if self.every and trainer.state.progress.step % self.every == 0:
             trainer.request_checkpoint()
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: TrainerView) -> None:
         """Write last.pt, and a best-k file when these weights were just evaluated."""
         path = trainer.save_checkpoint()
         metrics = trainer.state.metrics

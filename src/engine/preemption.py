@@ -18,38 +18,17 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from src import dist
-
-if TYPE_CHECKING:
-    from src.engine.trainer import Trainer
+from src.signal_names import parse_signals
+from src.engine.hooks import Hook, TrainerView
 
 log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the run stopped on
 # purpose with its state saved, and running the same command again (trainer.resume=auto) continues it.
 EXIT_PREEMPTED = 75
-
-_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
-
-
-def parse_signals(names: Sequence[str], key: str = "trainer.preempt_signals") -> tuple[signal.Signals, ...]:
-    """Signal names ("SIGTERM", "USR1", case-insensitive) as signals; ValueError naming `key` otherwise."""
-    parsed: list[signal.Signals] = []
-    for name in names:
-        text = str(name).strip().upper()
-        text = text if text.startswith("SIG") else "SIG" + text
-        sig = getattr(signal.Signals, text, None)
-        if sig is None:
-            raise ValueError(f"{key}: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, SIGUSR2, "
-                             "SIGINT, SIGHUP, or [] to disable preemption handling")
-        if sig in _UNCATCHABLE:
-            raise ValueError(f"{key}: {sig.name} cannot be caught by any process; use SIGTERM or SIGUSR1")
-        if sig not in parsed:
-            parsed.append(sig)
-    return tuple(parsed)
-
 
 class Preemption:
     """Catches the configured signals while installed and decides, with the other ranks, when to stop.
@@ -151,7 +130,7 @@ def _ignore_in_data_worker(signals: tuple[int, ...], chained: Optional[Callable[
         chained(worker_id)
 
 
-class PreemptionHook:
+class PreemptionHook(Hook):
     """The Trainer hook (src/engine/hooks.py protocol): stop with last.pt saved when a stop signal came.
 
     Checked after every optimizer step, and after each epoch's evaluation and checkpoint (a signal
@@ -164,7 +143,7 @@ class PreemptionHook:
         self.loaders = list(loaders)
         self.stopped_after: Optional[int] = None
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """Install the handlers; loader workers ignore the signals (the trainer decides when to stop)."""
         if not self.preemption.signals:
             return
@@ -176,7 +155,7 @@ class PreemptionHook:
             if getattr(loader, "num_workers", 0) > 0:
                 loader.worker_init_fn = self.preemption.data_worker_init(loader.worker_init_fn)
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: TrainerView) -> None:
         """Stop after this step, with last.pt, when any rank got a signal."""
         if trainer.stop_reason is not None:  # training ends here anyway (the same on every rank)
             return
@@ -184,12 +163,12 @@ class PreemptionHook:
             trainer.request_checkpoint()
             self._stop(trainer)
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: TrainerView) -> None:
         """A signal during evaluation or the epoch's checkpoint: stop now (this state is saved already)."""
         if not trainer.finishing and trainer.stop_reason is None and self.preemption.stop_requested():
             self._stop(trainer)
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         """Say how to continue and pass the signal on; put the previous handlers back unless stopped.
 
         A run stopped for preemption ignores the stop signals from here until the process exits:
@@ -209,6 +188,6 @@ class PreemptionHook:
                     self.stopped_after, where, EXIT_PREEMPTED)
         self.preemption.pass_on()  # e.g. submitit's handler, which requeues the job
 
-    def _stop(self, trainer: Trainer) -> None:
+    def _stop(self, trainer: TrainerView) -> None:
         self.stopped_after = trainer.state.progress.step
         trainer.request_stop(f"{self.preemption.reason} (preemption)", exit_code=EXIT_PREEMPTED)

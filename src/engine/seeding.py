@@ -1,4 +1,4 @@
-"""Seeds, RNG state capture, determinism switches and CPU thread counts for one training process."""
+"""Seeds, RNG state capture and determinism switches for one training process."""
 from __future__ import annotations
 
 import logging
@@ -29,17 +29,6 @@ def configure_determinism(deterministic: bool) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # warn_only: an op without a deterministic implementation warns instead of killing a long run.
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def configure_threads(requested: int, local_world_size: int) -> int:
-    """Intra-op CPU threads per process: `requested`, else this process's cores / processes on the node.
-
-    Two processes each using every core oversubscribe the CPU and run slower than one thread each.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = requested if requested > 0 else max(1, cores // max(local_world_size, 1))
-    torch.set_num_threads(threads)
-    return threads
 
 
 def capture_rng_state() -> dict[str, Any]:

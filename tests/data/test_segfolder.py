@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
-from src.engine.evaluation.exports import save_mask_png
+from src.data.palette import save_mask_png
 from tests.engine.gloo_ranks import run_ranks
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

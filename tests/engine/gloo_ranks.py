@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from src import dist
+from src import process_group
 
 JOIN_TIMEOUT_S = 180
 
@@ -32,12 +32,12 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tupl
     )
     torch.set_num_threads(1)
     try:
-        dist.init_distributed(torch.device("cpu"), backend="gloo", timeout_s=60, init_timeout_s=60)
+        process_group.init_distributed(torch.device("cpu"), backend="gloo", timeout_s=60, init_timeout_s=60)
         queue.put((rank, fn(rank, world, *args)))
     except BaseException:  # the parent shows the traceback
         queue.put((rank, RankError(traceback.format_exc())))
     finally:
-        dist.destroy()
+        process_group.destroy()
 
 
 class RankError(str):

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
-from src.config import validate_config
+from src.config import config_dict, validate_config
 from src.engine.optim import build_optimizer, build_scheduler
 from src.models import build_model
 
@@ -42,7 +41,7 @@ def write_format_v0(path: Path, overrides: list[str], *, epoch: int, step: int, 
     """
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = validate_config(compose("train", overrides=overrides))
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain = config_dict(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, cfg.norm, 8 if cfg.data.num_classes is None else cfg.data.num_classes)
     optimizer = build_optimizer(model, cfg.optim, cfg.data.batch_size)

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
@@ -49,7 +48,7 @@ def test_a_compile_failure_names_the_model_and_the_reason_not_a_traceback() -> N
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.TorchDynamoException) as info:
         torch.compile(forward, fullgraph=True, backend="eager")(torch.ones(3))
-    cfg = OmegaConf.to_object(validate_config(_compose(["trainer.compile=true", "trainer.channels_last=true"])))
+    cfg = validate_config(_compose(["trainer.compile=true", "trainer.channels_last=true"]))
     failure = compile_failure(info.value, cfg)
     assert isinstance(failure, CompileError)
     text = str(failure)
@@ -63,7 +62,7 @@ def test_a_compile_failure_names_the_model_and_the_reason_not_a_traceback() -> N
 
 def test_without_compile_nothing_is_wrapped_and_evaluation_keeps_a_compiled_bare_model() -> None:
     model = torch.nn.Linear(2, 2)
-    settings = OmegaConf.to_object(validate_config(_compose([]))).trainer
+    settings = validate_config(_compose([])).trainer
     assert compile_modules(model, model, settings) == (model, model)
     settings.compile = True
     train, evaluation = compile_modules(model, model, settings)

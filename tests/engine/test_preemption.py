@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from src.engine.preemption import Preemption, PreemptionHook, parse_signals
+from src.engine.preemption import Preemption, PreemptionHook
+from src.signal_names import parse_signals
 from tests.engine.gloo_ranks import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

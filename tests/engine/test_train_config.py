@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
-from src.config import validate_config
+from src.config import TrainConfig, validate_config
 from src.data import dataset_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -45,7 +45,9 @@ def test_every_group_option_composes_and_validates(group: str, option: str) -> N
             validate_config(cfg)
         return
     checked = validate_config(cfg)
-    assert OmegaConf.select(checked, f"{group}.name" if group != "trainer" else "trainer.epochs") is not None
+    assert isinstance(checked, TrainConfig)  # the typed config, the one form the run uses from here on
+    part = getattr(checked, group)
+    assert (part.epochs if group == "trainer" else part.name) is not None
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))

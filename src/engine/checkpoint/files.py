@@ -32,6 +32,15 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def checkpoint_file(value: str | Path, key: str, hint: str = "") -> Path:
+    """`value` (a config key's checkpoint path, `~` expanded) as an existing file, or an error naming `key`."""
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}={value}: no such file; checkpoints are written to <run dir>/checkpoints/ "
+                                f"(last.pt and best_*.pt){hint}")
+    return path
+
+
 def atomic_write_bytes(data: bytes, path: Path) -> None:
     """Write `data` to `path` so that a crash at any moment leaves either the old file or the new one.
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from src import dist
-from src.engine.checkpoint.files import LAST_NAME, last_checkpoint
+from src.engine.checkpoint.files import LAST_NAME, checkpoint_file, last_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,7 @@ def resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     if resume == "none":
         return None
     if resume != "auto":
-        path = Path(resume).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"trainer.resume={resume}: no such checkpoint file; use a path to a .pt file, "
-                                    "auto (the run dir's last checkpoint) or none")
-        return path
+        return checkpoint_file(resume, "trainer.resume", "; or use auto (the run dir's last.pt) or none")
     found = last_checkpoint(run_dir)
     if found is not None or not dist.is_main_process():
         return found

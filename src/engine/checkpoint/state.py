@@ -1,7 +1,9 @@
 """TrainState: everything a run is made of between two optimizer steps, and the checkpoint format.
 
-`TrainState.state_dict()` / `load_state_dict()` are the only definition of what a checkpoint holds;
-`read_checkpoint`, `stored_config` and `model_weights` are how evaluate.py (and anyone else) read one.
+`TrainState.state_dict()` / `load_state_dict()` are the only definition of what a checkpoint holds, and
+this module is the only one that reads its keys: `read_checkpoint`, `stored_config`, `model_weights`,
+`trained_epoch`, `trained_step` and `stored_class_names` are how a trained run is read back
+(src/engine/checkpoint/trained_run.py, for evaluate.py, predict.py and export).
 
 Format (version FORMAT_VERSION; files without `format_version` are version 0, identical but for that key):
 
@@ -153,6 +155,29 @@ def model_weights(ckpt: dict[str, Any], ema: bool, source: str) -> dict[str, tor
                          "drop ema=true to evaluate the trained weights")
     # AveragedModel keys its copy as "module.<name>" and adds its step counter "n_averaged".
     return {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}
+
+
+def trained_epoch(ckpt: dict[str, Any]) -> int | None:
+    """The epoch the checkpoint's last optimizer step belongs to: what metrics.jsonl's val row calls `epoch`.
+
+    An end-of-epoch checkpoint stores the epoch to run next (micro-batch 0), a mid-epoch one the current.
+    """
+    epoch = ckpt.get("epoch")
+    if epoch is None:
+        return None
+    at_epoch_start = (ckpt.get("sampler") or {}).get("micro_batch", 0) == 0
+    return int(epoch) - 1 if at_epoch_start and int(epoch) > 0 else int(epoch)
+
+
+def trained_step(ckpt: dict[str, Any]) -> int | None:
+    """Optimizer steps done when the checkpoint was written."""
+    step = ckpt.get("step")
+    return None if step is None else int(step)
+
+
+def stored_class_names(ckpt: dict[str, Any]) -> list[str]:
+    """The training data's class names in label order; [] for checkpoints written before they were stored."""
+    return [str(name) for name in ckpt.get("class_names") or []]
 
 
 def load_model_weights(model: nn.Module, weights: dict[str, torch.Tensor], stored: dict[str, Any],

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from src import dist
+from src.data.samplers import check_each_index_once
 from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.evaluation.exports import export_classification, export_segmentation
 from src.engine.evaluation.metrics import ConfusionMatrix, topk_correct
@@ -188,18 +189,10 @@ def _evaluate_segmentation(
 
 def _check_each_sample_once(indices: torch.Tensor, loader: Any) -> None:
     """Raise when a sample was evaluated twice or skipped: the metrics would not be exact."""
-    if indices.numel() != torch.unique(indices).numel():
-        raise RuntimeError(
-            "some validation samples were evaluated on more than one rank (a padding sampler such as "
-            "DistributedSampler?); build the loader with src.data.build_eval_loader for exact evaluation"
-        )
     dataset = getattr(loader, "dataset", None)
     try:
-        expected = len(dataset)  # type: ignore[arg-type]
+        expected: int | None = len(dataset)  # type: ignore[arg-type]
     except TypeError:
-        return
-    if indices.numel() != expected:
-        raise RuntimeError(
-            f"{indices.numel()} of {expected} validation samples were evaluated across all ranks; every "
-            "sample must be visited once: build the loader with src.data.build_eval_loader"
-        )
+        expected = None
+    check_each_index_once(indices.tolist(), expected, "validation samples",
+                          "build the loader with src.data.build_eval_loader (not a padding DistributedSampler)")

@@ -9,19 +9,20 @@ Layout of the export directory (docs/evaluation.md):
 """
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
-from PIL import Image
 
 from src import dist
-from src.data.palette import color_palette
+from src.data.palette import save_mask_png
 
-# Masks travel to rank 0 in rounds of this many per rank, so no rank ever holds every rank's masks
-# at once (VOC val is ~270 MB of uint8 masks).
-_MASKS_PER_ROUND = 32
+# Masks travel to rank 0 in rounds of at most this many per rank, so no rank ever holds every rank's masks
+# at once (VOC val is ~270 MB of uint8 masks, a 12-megapixel photo's mask 12 MB).
+MASKS_PER_ROUND = 8
 
 
 def mask_filename(index: int) -> str:
@@ -40,14 +41,6 @@ def export_classification(out_dir: Path, indices: torch.Tensor, preds: torch.Ten
         f.writelines(f"{i},{p}\n" for i, p in zip(indices.tolist(), preds.tolist()))
 
 
-def save_mask_png(path: Path, mask: np.ndarray) -> None:
-    """Save a [H, W] array of class indices (0-255) as a palette PNG."""
-    mask = np.ascontiguousarray(mask, dtype=np.uint8)
-    image = Image.frombytes("P", (mask.shape[1], mask.shape[0]), mask.tobytes())
-    image.putpalette(color_palette().flatten().tolist())
-    image.save(path)
-
-
 def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) -> None:
     """Gather every rank's (index, uint8 mask) pairs and write one PNG per image from rank 0.
 
@@ -55,13 +48,27 @@ def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) ->
     """
     if dist.is_main_process():
         out_dir.mkdir(parents=True, exist_ok=True)
-    counts = dist.all_gather_object(len(masks))
-    rounds = math.ceil(max(counts) / _MASKS_PER_ROUND) if max(counts) else 0
-    for r in range(rounds):
-        chunk = [(i, m.numpy()) for i, m in masks[r * _MASKS_PER_ROUND:(r + 1) * _MASKS_PER_ROUND]]
-        gathered = dist.all_gather_object(chunk)
-        if dist.is_main_process():
-            for rank_chunk in gathered:
-                for index, mask in rank_chunk:
-                    save_mask_png(out_dir / mask_filename(index), mask)
+    gather_masks(((i, m.numpy()) for i, m in masks), len(masks),
+                 lambda index, mask: save_mask_png(out_dir / mask_filename(index), mask))
     dist.barrier()  # every rank returns once the files exist
+
+
+def gather_masks(masks: Iterable[tuple[int, np.ndarray]], local_count: int,
+                 write: Callable[[int, np.ndarray], None]) -> list[int]:
+    """Send this rank's `local_count` (index, mask) pairs to rank 0, which calls `write` on each, in rounds.
+
+    `masks` may be a generator that computes them: each round takes at most MASKS_PER_ROUND from it, so no
+    rank holds more than a round of masks. Collective: every rank joins every round, maybe with none.
+    Returns the indices of every rank's masks, on every rank (for the exactly-once check).
+    """
+    counts = dist.all_gather_object(local_count)
+    source = iter(masks)
+    seen: list[int] = []
+    for _ in range(math.ceil(max(counts) / MASKS_PER_ROUND)):
+        chunk = list(itertools.islice(source, MASKS_PER_ROUND))
+        for part in dist.all_gather_object(chunk):
+            for index, mask in part:
+                seen.append(index)
+                if dist.is_main_process():
+                    write(index, mask)
+    return seen
