@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from src.models.pretrained import is_weights_name, torchvision_weights, weights_source
+from src.models.pretrained import check_cached_when_offline, is_weights_name, torchvision_weights, weights_source
 from src.models.registry import MODELS
 
 NORM_NAMES = ("bn", "syncbn", "torch_syncbn", "gn", "frozen_bn")
@@ -89,6 +89,8 @@ class ModelConfig:
             raise ValueError("model.weights (whole model) and model.backbone_weights are both set; "
                              "keep one: model.backbone_weights=null when model.weights is given")
         self._validate_pretrained(entry.info.get("family"))
+        if check_files:
+            check_cached_when_offline(self, entry.info.get("family"))
         for key in ("weights", "backbone_weights") if check_files else ():
             path = getattr(self, key)
             if path and not is_weights_name(path) and not os.path.isfile(os.path.expanduser(path)):

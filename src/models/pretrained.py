@@ -147,6 +147,27 @@ def timm_pretrained_file(pretrained_cfg: dict[str, Any]) -> str:
                                 lambda: torch.hub.download_url_to_file(url, str(path), progress=False) or str(path))
 
 
+def check_cached_when_offline(cfg: Any, family: str | None) -> None:
+    """With HF_HUB_OFFLINE set, every weights file named by the config must be in its cache: checked with the
+    config, before any process group starts, with the error the model builder would raise later."""
+    if not offline():
+        return
+    for key in ("weights", "backbone_weights"):
+        name = getattr(cfg, key)
+        if is_weights_name(name):
+            weights = torchvision_weights(weights_source(cfg, family, key), name, f"model.{key}")
+            path = torchvision_cache_file(weights)
+            if not path.is_file():
+                _missing_or_download(f"model.{key}={type(weights).__name__}.{weights.name}", path, weights.url,
+                                     lambda: None)
+    if cfg.pretrained and family == "timm":
+        from timm.models import get_pretrained_cfg
+
+        pretrained_cfg = get_pretrained_cfg(cfg.arch)
+        if pretrained_cfg is not None:
+            timm_pretrained_file(pretrained_cfg.to_dict())  # offline: a lookup in the cache, or the error
+
+
 def _missing_or_download(what: str, place: Path | str, url: str, download: Callable[[], Any]) -> Any:
     """Offline: FileNotFoundError naming the file and where it goes. Online: the library's download, whose
     failure becomes the same error with the cause."""

@@ -149,6 +149,53 @@ def test_missing_file_offline_names_the_exact_cache_path(caches: tuple[Path, Pat
     assert f"{folder}/refs/main" in str(err.value)
 
 
+def test_offline_missing_file_fails_at_config_validation(caches: tuple[Path, Path], no_network: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any process group: validate_config runs ModelConfig.validate, which looks in the caches."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="resnet18-f37072fd.pth"):
+        ModelConfig(name="deeplabv3_resnet18", backbone_weights="DEFAULT").validate()
+    with pytest.raises(FileNotFoundError, match="models--timm--mobilenetv3_small_050.lamb_in1k"):
+        ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
+    _torchvision_file(caches[0], "resnet18")
+    _timm_file(caches[1])
+    ModelConfig(name="deeplabv3_resnet18", backbone_weights="DEFAULT").validate()
+    ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
+    ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate(check_files=False)
+
+
+def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Path, Path], no_network: None,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """evaluate.py / predict.py / export.py: the checkpoint holds the weights; the cache may be long gone."""
+    from hydra import compose, initialize_config_dir
+
+    import src.config  # noqa: F401
+    from src.config import config_dict, validate_config
+    from src.engine.checkpoint.files import save_checkpoint
+    from src.engine.checkpoint.state import TrainState
+    from src.engine.checkpoint.trained_run import load_trained_run
+    from src.engine.optim import build_optimizer, build_scheduler
+
+    _timm_file(caches[1])
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = validate_config(compose("train", overrides=["model=timm", f"model.arch={TIMM_ARCH}",
+                                                          "model.pretrained=true", "norm=bn", "data.num_classes=4"]))
+    model = build_model(cfg.model, cfg.norm, 4)
+    optimizer = build_optimizer(model, cfg.optim, cfg.data.batch_size)
+    state = TrainState(model, optimizer, build_scheduler(optimizer, cfg.sched, 1, 1),
+                       torch.amp.GradScaler("cpu", enabled=False), config=config_dict(cfg),
+                       class_names=["a", "b", "c", "d"])
+    save_checkpoint(state.state_dict(), tmp_path / "last.pt")
+    import shutil
+
+    shutil.rmtree(caches[1])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    trained = load_trained_run(tmp_path / "last.pt", device=torch.device("cpu"))
+    _assert_loaded(trained.model, model.state_dict())
+
+
 def test_missing_file_and_failed_download_names_the_path(caches: tuple[Path, Path], no_network: None) -> None:
     """Not declared offline: the library tries to download; its failure is the same clear error."""
     with pytest.raises(FileNotFoundError, match="downloading them failed") as err:
