@@ -17,15 +17,15 @@ keeps them symbolic unless the model fixes them, as a ViT's position embedding d
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from src.engine.checkpoint.trained_run import TrainedRun
 
 USAGE = "python export.py ckpt=<run dir>/checkpoints/last.pt format=onnx|exported_program|torchscript out=<file>"
 FORMATS = ("onnx", "exported_program", "torchscript")
@@ -64,7 +64,7 @@ def run(cfg: DictConfig) -> Path:
     return out
 
 
-def load_trained_model(ckpt: Path, ema: bool = False) -> Any:
+def load_trained_model(ckpt: Path, ema: bool = False) -> TrainedRun:
     """The checkpoint's TrainedRun on the CPU in the contiguous memory format: the one place export reads a
     checkpoint (load_trained_run, shared with predict.py and evaluate.py)."""
     from src.engine.checkpoint.trained_run import load_trained_run
