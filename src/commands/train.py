@@ -19,8 +19,9 @@ from src.data import DataBundle, build_datasets, build_eval_loader, build_train_
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
-from src.engine.checkpoint.files import CheckpointSaver
+from src.engine.checkpoint.files import CheckpointSaver, checkpoint_dir
 from src.engine.compile import CompileReport, compile_failure, compile_modules
+from src.engine.early_stop_hook import EarlyStopHook
 from src.engine.ema import build_ema
 from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
@@ -32,6 +33,9 @@ from src.engine.preemption import PreemptionHook
 from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.seeding import configure_determinism, configure_threads, seed_everything
 from src.engine.checkpoint.state import TrainState, read_checkpoint
+from src.engine.trackers.build import build_sinks
+from src.engine.trackers.params import run_tags
+from src.engine.trackers.sink import FAILED, FINISHED, KILLED, RunInfo
 from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
@@ -56,10 +60,15 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     dist.init_distributed(device, timeout_s=typed.trainer.dist_timeout_s,
                           init_timeout_s=typed.trainer.dist_init_timeout_s)
     tracker: Optional[Tracker] = None
+    status = FAILED  # how the tracker runs end unless training gets to its end
     try:
         run_dir = resolve_run_dir()
         setup_logging(run_dir, dist.get_rank())
-        tracker = Tracker(run_dir, enabled=dist.is_main_process(), tensorboard=typed.trainer.tensorboard)
+        main = dist.is_main_process()
+        tracker = Tracker(run_dir, enabled=main,
+                          tensorboard=typed.trainer.tensorboard and typed.logger.tensorboard is not None,
+                          sinks=build_sinks(typed.logger) if main else (), queue_size=typed.logger.queue_size,
+                          close_timeout_s=typed.logger.close_timeout_s)
         log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, dist.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:
@@ -79,8 +88,9 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
                 "that slow, raise trainer.dist_timeout_s. Checkpoints already written are intact."
             ) from err
         tracker.flush()
+        status = KILLED if trainer.exit_code is not None else FINISHED
     finally:
-        _close(tracker)
+        _close(tracker, status)
         dist.destroy()
     if trainer.exit_code is not None:
         raise SystemExit(trainer.exit_code)
@@ -107,7 +117,9 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     module = wrap_model(model, settings, device)
     state = _build_state(cfg, typed, model, len(train_loader), device)
     state.class_names = list(data.class_names)  # stored in checkpoints: predict.py names its classes
-    _resume(state, settings.resume, run_dir)
+    resumed = _resume(state, settings.resume, run_dir)
+    if tracker.background is not None:  # the tracker runs open now: a resume continues the checkpoint's
+        tracker.start(RunInfo(run_dir, state.config, run_tags(state.config, world), resumed), state.trackers)
     check_norm_health(model, "start", strict=True)
 
     module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
@@ -119,6 +131,8 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(typed))
     trainer.train()
+    if state.best:  # logger.mlflow.log_best_checkpoint: the best-k best, once training has ended
+        tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
 
@@ -151,6 +165,8 @@ def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, typed)))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, typed, task, data, device)))
+    if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
+        hooks.append(EarlyStopHook(settings.early_stop))
     hooks.append(CheckpointHook(settings.checkpoint_every))
     if settings.compile:
         hooks.append(CompileReport())
@@ -159,14 +175,18 @@ def build_hooks(typed: TrainConfig, task: str, data: DataBundle, val_loader: Any
     return hooks
 
 
-def _resume(state: TrainState, resume: str, run_dir: Path) -> None:
-    """Load trainer.resume's checkpoint into `state` (nothing for resume=none or a run with no checkpoint yet)."""
+def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
+    """Load trainer.resume's checkpoint into `state` (nothing for resume=none or a run with no checkpoint yet).
+
+    Returns whether a checkpoint was loaded.
+    """
     path = resume_checkpoint(resume, run_dir)
     if path is None:
-        return
+        return False
     state.load_state_dict(read_checkpoint(path), source=str(path))
     p = state.progress
     log.info("resumed from %s at epoch %d, step %d, micro-batch %d", path, p.epoch, p.step, p.micro_batch)
+    return True
 
 
 def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: str, data: DataBundle, device: torch.device,
@@ -195,11 +215,11 @@ def _log_grid(tracker: Tracker, typed: TrainConfig, images: torch.Tensor, target
                             mean=list(typed.data.mean), std=list(typed.data.std))
 
 
-def _close(tracker: Optional[Tracker]) -> None:
-    """Close TensorBoard and say where its events are."""
+def _close(tracker: Optional[Tracker], status: str) -> None:
+    """Close TensorBoard and the tracker runs (FINISHED, KILLED or FAILED); say where TensorBoard's events are."""
     if tracker is None:
         return
     has_events = tracker.writer is not None
-    tracker.close()
+    tracker.close(status)
     if has_events:
         print(f"TensorBoard logs are in {tracker.tb_dir}  (view: tensorboard --logdir {tracker.tb_dir})", flush=True)
