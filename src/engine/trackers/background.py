@@ -37,8 +37,12 @@ class BackgroundSinks:
         """Open every tracker run; each one's reopening record is stored into `runs` (kept in checkpoints).
 
         `runs` comes from the resumed checkpoint; on a resume, a tracker it does not name reopens the run
-        recorded in <run dir>/trackers.json, if any (src/engine/trackers/records.py).
+        recorded in <run dir>/trackers.json, if any (src/engine/trackers/records.py). That file is read
+        here, on the training thread, so the resumed run's checkpoints name every tracker run from the start.
         """
+        if info.resumed:
+            for name, record in read_records(info.run_dir).items():
+                runs.setdefault(name, record)
         self._submit(("start", info, runs))
 
     def log(self, row: dict[str, Any]) -> None:
@@ -114,8 +118,7 @@ class BackgroundSinks:
         try:
             if kind == "start":
                 info, runs = args
-                previous = runs.get(sink.name) or (read_records(info.run_dir).get(sink.name) if info.resumed else None)
-                runs[sink.name] = sink.start(info, previous)
+                runs[sink.name] = sink.start(info, runs.get(sink.name))
                 write_records(info.run_dir, {**read_records(info.run_dir), sink.name: runs[sink.name]})
             elif kind == "log":
                 sink.log(args[0])
