@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -118,4 +120,34 @@ def test_two_process_run_feeds_mlflow_wandb_csv_and_a_resume_continues_the_same_
     trackers = load_checkpoint(run_dir / "checkpoints" / "last.pt")["trackers"]
     assert trackers["mlflow"]["run_id"] == run_id and trackers["wandb"]["run_id"] == wandb_id
     _check_wandb(run_dir, wandb_id, parts=2)
+    _check_csv(run_dir)
+
+
+@pytest.mark.slow
+def test_a_preempted_run_hands_every_row_to_mlflow_and_closes_its_run_as_killed(
+        tmp_path: Path, tracker_env: None) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tests.cluster.torchrun_harness import job_env, launch_torchrun, wait_until
+
+    run_dir = tmp_path / "run"
+    overrides = [*JOB, "logger=[mlflow,csv]", "trainer.epochs=200", f"hydra.run.dir={run_dir}"]
+    job = launch_torchrun(["--standalone", "--nproc_per_node=2"], overrides, tmp_path / "job.log", job_env())
+    try:
+        # The MLflow run is open and training goes on; then a scheduler's SIGTERM reaches torchrun.
+        wait_until(lambda: "mlflow" in ((run_dir / "trackers.json").is_file() and
+                                        json.loads((run_dir / "trackers.json").read_text()) or {}),
+                   600, "the MLflow run to open", job, poll=0.2)
+        wait_until(lambda: len(rows(run_dir, "train")) >= 2, 300, "two train rows", job, poll=0.1)
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=300) != 0
+    finally:
+        job.kill()
+    for rank in (0, 1):
+        assert "stopped on SIGTERM" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+    run_id = json.loads((run_dir / "trackers.json").read_text())["mlflow"]["run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+    for name, series in _jsonl_series(run_dir).items():  # every row up to the stop, none lost in the queue
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, name)) == sorted(series), name
     _check_csv(run_dir)
