@@ -18,7 +18,7 @@ from tests.test_train import REPO, TINY, launch, rows
 
 # 64 images / (2 x 8) = 4 optimizer steps per epoch, a train row every step, a val row every epoch.
 JOB = [*TINY, "data.train_size=64", "data.val_size=31", "data.batch_size=8", "norm=bn", "trainer.log_every=1",
-       "logger=[tensorboard,mlflow,wandb,csv]"]
+       "logger=[tensorboard,mlflow,wandb,csv]", "logger.mlflow.log_best_checkpoint=true"]
 
 
 @pytest.fixture
@@ -117,6 +117,9 @@ def test_two_process_run_feeds_mlflow_wandb_csv_and_a_resume_continues_the_same_
     assert "resumed from" in second.stdout
     assert [r["step"] for r in rows(run_dir, "val")] == [4, 8, 12]
     assert _check_mlflow(run_dir) == run_id  # the same MLflow run, now with the third epoch's rows
+    best = load_checkpoint(run_dir / "checkpoints" / "last.pt")["best"][0][1]
+    uploaded = (run_dir / "mlflow" / "artifacts").glob(f"*/artifacts/checkpoints/{best}")
+    assert [p.read_bytes() for p in uploaded] == [(run_dir / "checkpoints" / best).read_bytes()]
     trackers = load_checkpoint(run_dir / "checkpoints" / "last.pt")["trackers"]
     assert trackers["mlflow"]["run_id"] == run_id and trackers["wandb"]["run_id"] == wandb_id
     _check_wandb(run_dir, wandb_id, parts=2)

@@ -68,7 +68,8 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         tracker = Tracker(run_dir, enabled=main,
                           tensorboard=typed.trainer.tensorboard and typed.logger.tensorboard is not None,
                           sinks=build_sinks(typed.logger) if main else (), queue_size=typed.logger.queue_size,
-                          close_timeout_s=typed.logger.close_timeout_s)
+                          finish_timeout_s=typed.logger.finish_timeout_s,
+                          abort_timeout_s=typed.logger.abort_timeout_s)
         log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, dist.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:

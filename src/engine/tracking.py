@@ -3,8 +3,8 @@
 Metrics arrive already reduced across ranks (src.dist.reduce_dict in the loop); every other rank
 gets a tracker that does nothing, so callers never branch on the rank. metrics.jsonl is written here,
 synchronously, whatever `logger=` says (it is the contract); TensorBoard's SummaryWriter has its own
-writer thread. MLflow, W&B and CSV (src/engine/trackers/) get each row through one bounded background
-queue, so a slow tracker never delays a training step.
+writer thread. MLflow, W&B and CSV (src/engine/trackers/) get each row through their own bounded
+background queue, so a slow tracker never delays a training step.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ class Tracker:
     """Appends {split, epoch, step, **metrics, time} rows to metrics.jsonl and mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, sinks: Sequence[Sink] = (),
-                 queue_size: int = 10000, close_timeout_s: float = 60.0) -> None:
+                 queue_size: int = 10000, finish_timeout_s: float = 300.0, abort_timeout_s: float = 20.0) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tb_dir = Path(run_dir) / "tensorboard"
         self.writer: Optional[Any] = None
-        self.close_timeout_s = close_timeout_s
-        # MLflow / W&B / CSV behind one queue and thread (rank 0 only; none when no such logger is chosen).
+        self.finish_timeout_s, self.abort_timeout_s = finish_timeout_s, abort_timeout_s
+        # MLflow / W&B / CSV, each behind its own queue and thread (rank 0 only; none when no such logger is chosen).
         self.background = BackgroundSinks(sinks, queue_size) if enabled and sinks else None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -65,19 +65,23 @@ class Tracker:
             self.background.artifact(Path(path))
 
     def flush(self) -> None:
-        """Push pending TensorBoard events to disk and let the trackers catch up (bounded wait)."""
+        """Push pending TensorBoard events to disk (the trackers get theirs in close())."""
         if self.writer is not None:
             self.writer.flush()
-        if self.background is not None and not self.background.flush(self.close_timeout_s):
-            log.warning("trackers still busy after logger.close_timeout_s=%gs", self.close_timeout_s)
 
     def close(self, status: str = FINISHED) -> None:
-        """Close the TensorBoard writer and end the tracker runs with `status` (FINISHED, KILLED, FAILED)."""
+        """Close the TensorBoard writer; hand every queued row to the trackers and end their runs with `status`.
+
+        FINISHED waits up to logger.finish_timeout_s for them; KILLED (preemption) and FAILED up to
+        logger.abort_timeout_s, inside the grace time before SIGKILL.
+        """
         if self.writer is not None:
             self.writer.close()
             self.writer = None
         if self.background is not None:
-            self.background.close(status, self.close_timeout_s)
+            key, timeout_s = (("logger.finish_timeout_s", self.finish_timeout_s) if status == FINISHED
+                              else ("logger.abort_timeout_s", self.abort_timeout_s))
+            self.background.close(status, timeout_s, key)
             self.background = None
 
 

@@ -71,7 +71,7 @@ def test_a_stalled_tracker_never_delays_the_training_thread(tmp_path: Path) -> N
     assert len(read_metrics(tmp_path)) == 50  # metrics.jsonl is written right away, whatever the trackers do
     assert sink.rows == [] and runs == {}
     sink.gate.set()
-    tracker.flush()
+    assert tracker.background.flush(30)
     assert [r["step"] for r in sink.rows] == list(range(1, 51))
     assert runs == {"gated": {"run_id": "gated-1"}}
     assert read_records(tmp_path) == runs  # trackers.json: what a resume reopens
@@ -118,10 +118,26 @@ def test_close_gives_up_on_a_hung_tracker_within_its_timeout(tmp_path: Path, cap
     queue.log(_row(1))
     started = time.perf_counter()
     with caplog.at_level(logging.ERROR):
-        queue.close(timeout_s=1.0)
+        queue.close(KILLED, timeout_s=1.0, setting="logger.abort_timeout_s")
     assert time.perf_counter() - started < 5
-    assert "did not finish within logger.close_timeout_s=1s" in caplog.text
+    assert "tracker gated did not finish within logger.abort_timeout_s=1s" in caplog.text
     sink.gate.set()
+
+
+def test_a_stalled_tracker_does_not_hold_back_the_others(tmp_path: Path) -> None:
+    stalled, healthy = GatedSink(), GatedSink()
+    healthy.name = "healthy"
+    healthy.gate.set()
+    queue = BackgroundSinks([stalled, healthy], queue_size=100)
+    for step in (1, 2):
+        queue.log(_row(step))
+    deadline = time.monotonic() + 30
+    while len(healthy.rows) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r["step"] for r in healthy.rows] == [1, 2] and stalled.rows == []
+    stalled.gate.set()
+    queue.close(timeout_s=30)
+    assert [r["step"] for r in stalled.rows] == [1, 2]
 
 
 def test_mlflow_sink_writes_a_real_store_and_reopens_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,6 +155,11 @@ def test_mlflow_sink_writes_a_real_store_and_reopens_its_run(tmp_path: Path, mon
     again = MlflowSink(MlflowLoggerConfig(experiment="exp"))
     assert again.start(RunInfo(tmp_path, {**info.config, "seed": 4}, info.tags), record) == record
     again.log({"split": "val", "epoch": 1, "step": 14, "top1": 25.0, "time": 200.0})
+    best = tmp_path / "best_step0000014_top125.0000.pt"
+    best.write_bytes(b"weights")
+    again.artifact(best)  # log_best_checkpoint is off: nothing uploaded
+    again.settings.log_best_checkpoint = True
+    again.artifact(best)
     again.finish("KILLED")
 
     client = MlflowClient(tracking_uri=record["tracking_uri"])
@@ -148,17 +169,19 @@ def test_mlflow_sink_writes_a_real_store_and_reopens_its_run(tmp_path: Path, mon
     assert run.data.tags["mlflow.source.git.commit"] == "a" * 40 and run.data.tags["world_size"] == "2"
     history = client.get_metric_history(record["run_id"], "val/top1")
     assert sorted((m.step, m.value, m.timestamp) for m in history) == [(7, 12.5, 100000), (14, 25.0, 200000)]
+    assert [a.path for a in client.list_artifacts(record["run_id"], "checkpoints")] == [f"checkpoints/{best.name}"]
+    copy = client.download_artifacts(record["run_id"], f"checkpoints/{best.name}", str(tmp_path / "download"))
+    assert Path(copy).read_bytes() == b"weights"
 
 
 def test_an_unreachable_mlflow_store_fails_loudly_and_training_rows_still_land(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://tracker")
     tracker = Tracker(tmp_path, enabled=True, tensorboard=False,
-                      sinks=[MlflowSink(MlflowLoggerConfig())], close_timeout_s=30)
+                      sinks=[MlflowSink(MlflowLoggerConfig())], finish_timeout_s=30)
     tracker.start(RunInfo(tmp_path, {}), {})
     tracker.log("train", 0, 1, {"loss": 1.0})
     with caplog.at_level(logging.ERROR):
-        tracker.flush()
         tracker.close()
     assert "tracker mlflow failed in start()" in caplog.text
     assert len(read_metrics(tmp_path)) == 1

@@ -53,24 +53,27 @@ class CsvLoggerConfig:
 
 @dataclass
 class LoggerConfig:
-    """The trackers fed from rank 0, behind one bounded background queue (src/engine/trackers/background.py)."""
+    """The trackers fed from rank 0, each behind a bounded background queue (src/engine/trackers/background.py)."""
 
     tensorboard: Optional[TensorBoardLoggerConfig] = None
     mlflow: Optional[MlflowLoggerConfig] = None
     wandb: Optional[WandbLoggerConfig] = None
     csv: Optional[CsvLoggerConfig] = None
-    # Rows waiting for slow trackers; when full, new rows are dropped for them (with a warning), never waited on.
+    # Rows waiting for a slow tracker; when full, new rows are dropped for it (with a warning), never waited on.
     queue_size: int = 10000
-    # How long the end of a run waits for trackers to take pending rows and close; short enough to fit in
-    # the grace time a preemption leaves (torchrun and SLURM send SIGKILL about 30 s after SIGTERM).
-    close_timeout_s: float = 20.0
+    # How long the end of a run waits for trackers to take pending rows and close their runs: after training
+    # (nothing else waits then), and after a preemption or an error (short enough to fit in the grace time
+    # a preemption leaves: torchrun and SLURM send SIGKILL about 30 s after SIGTERM).
+    finish_timeout_s: float = 300.0
+    abort_timeout_s: float = 20.0
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
         if self.queue_size < 1:
             raise ValueError(f"logger.queue_size must be >= 1, got {self.queue_size}")
-        if not self.close_timeout_s > 0:
-            raise ValueError(f"logger.close_timeout_s must be > 0, got {self.close_timeout_s}")
+        for key in ("finish_timeout_s", "abort_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"logger.{key} must be > 0, got {getattr(self, key)}")
         for name in self.enabled():
             package = PACKAGES.get(name)
             if package is not None and importlib.util.find_spec(package) is None:
