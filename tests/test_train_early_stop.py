@@ -55,3 +55,10 @@ def test_a_resumed_run_stops_where_an_uninterrupted_one_would_and_stays_stopped(
     assert REASON in third.stdout
     assert [r["step"] for r in rows(run_dir, "val")] == [4, 8, 12]
     assert rows(run_dir, "train")[-1]["step"] == 12
+
+    # A resume that raises the patience goes on until the new patience is used up (one more evaluation).
+    fourth = launch(2, [*JOB, "trainer.epochs=10", "trainer.resume=auto", "trainer.early_stop.patience=3",
+                        f"hydra.run.dir={run_dir}"])
+    assert fourth.returncode == 0, fourth.stdout[-4000:]
+    assert "for 3 evaluation(s) (trainer.early_stop.patience=3)" in fourth.stdout
+    assert [r["step"] for r in rows(run_dir, "val")] == [4, 8, 12, 16]

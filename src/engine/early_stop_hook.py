@@ -31,12 +31,18 @@ class EarlyStopHook(Hook):
         self.settings = settings
 
     def before_train(self, trainer: Trainer) -> None:
-        """A resumed run that had already stopped early trains no further; another metric starts afresh."""
+        """A resumed run that had already stopped early trains no further (unless patience was raised);
+        another metric starts afresh."""
         state = EarlyStopState.from_dict(trainer.state.early_stop)
         if state.metric and state.metric != self.settings.name:
             log.warning("the checkpoint's early-stop state follows %r, this run %r: starting it afresh",
                         state.metric, self.settings.name)
             state = EarlyStopState()
+        if state.stopped and state.bad_evaluations < self.settings.patience:
+            log.info("resumed after an early stop, but trainer.early_stop.patience=%d allows more evaluations "
+                     "without improvement than the %d so far: training goes on", self.settings.patience,
+                     state.bad_evaluations)
+            state.stopped, state.reason = False, ""
         state.metric = self.settings.name
         trainer.state.early_stop = state.to_dict()
         if state.stopped:
