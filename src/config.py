@@ -17,6 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
+from src.engine.early_stop import EarlyStopConfig
+from src.engine.trackers.config import LoggerConfig
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.signal_names import parse_signals
 
@@ -139,6 +141,8 @@ class TrainerConfig:
     # Validate, form the process group, build model and data, one forward of one batch (no optimizer step,
     # nothing written), print a summary and exit 0: src/commands/dry_run.py.
     dry_run: bool = False
+    # Stop when a validation metric stops improving (src/engine/early_stop.py); off while metric is null.
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
@@ -186,6 +190,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # Experiment trackers (conf/logger/); conf/train.yaml selects logger=tensorboard by default.
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -217,7 +223,7 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     typed: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     if typed.device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")
-    for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer):
+    for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.logger):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
     # not at the first forward.
@@ -257,6 +263,7 @@ def _check_across_groups(cfg: TrainConfig) -> None:
     metric = best_metric_of(cfg)
     if metric not in METRICS[task]:
         raise ValueError(f"trainer.best_metric={metric!r} is not a {task} metric; use one of {METRICS[task]} or auto")
+    cfg.trainer.early_stop.validate(METRICS[task], ema=cfg.trainer.ema, segmentation=task == "segmentation")
     if task == "segmentation" and (cfg.trainer.mixup_alpha > 0 or cfg.trainer.cutmix_alpha > 0):
         raise ValueError("trainer.mixup_alpha / trainer.cutmix_alpha apply to classification only; set them to 0")
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":

@@ -20,8 +20,9 @@ from src.data import DataBundle, build_datasets, build_eval_loader, build_train_
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
-from src.engine.checkpoint.files import CheckpointSaver
+from src.engine.checkpoint.files import CheckpointSaver, checkpoint_dir
 from src.engine.compile import CompileReport, compile_failure, compile_modules
+from src.engine.early_stop_hook import EarlyStopHook
 from src.engine.ema import build_ema
 from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
@@ -34,6 +35,9 @@ from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
 from src.engine.checkpoint.state import TrainState, read_checkpoint
+from src.engine.trackers.build import build_sinks
+from src.engine.trackers.params import run_tags
+from src.engine.trackers.sink import FAILED, FINISHED, KILLED, RunInfo
 from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
@@ -63,10 +67,16 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         finally:
             process_group.destroy()
     tracker: Optional[Tracker] = None
+    status = FAILED  # how the tracker runs end unless training gets to its end
     try:
         run_dir = resolve_run_dir()
         setup_logging(run_dir, dist.get_rank())
-        tracker = Tracker(run_dir, enabled=dist.is_main_process(), tensorboard=config.trainer.tensorboard)
+        main = dist.is_main_process()
+        tracker = Tracker(run_dir, enabled=main,
+                          tensorboard=config.trainer.tensorboard and config.logger.tensorboard is not None,
+                          sinks=build_sinks(config.logger) if main else (), queue_size=config.logger.queue_size,
+                          finish_timeout_s=config.logger.finish_timeout_s,
+                          abort_timeout_s=config.logger.abort_timeout_s)
         log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, dist.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:
@@ -86,8 +96,9 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
                 "that slow, raise trainer.dist_timeout_s. Checkpoints already written are intact."
             ) from err
         tracker.flush()
+        status = KILLED if trainer.exit_code is not None else FINISHED
     finally:
-        _close(tracker)
+        _close(tracker, status)
         process_group.destroy()
     if trainer.exit_code is not None:
         raise SystemExit(trainer.exit_code)
@@ -109,7 +120,9 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     module = wrap_model(model, settings, device)
     state = _build_state(config, model, len(train_loader), device)
     state.class_names = list(data.class_names)  # stored in checkpoints: predict.py names its classes
-    _resume(state, settings.resume, run_dir)
+    resumed = _resume(state, settings.resume, run_dir)
+    if tracker.background is not None:  # the tracker runs open now: a resume continues the checkpoint's
+        tracker.start(RunInfo(run_dir, state.config, run_tags(state.config, world), resumed), state.trackers)
     check_norm_health(model, "start", strict=True)
 
     module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
@@ -121,6 +134,8 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config))
     trainer.train()
+    if state.best:  # logger.mlflow.log_best_checkpoint: the best-k best, once training has ended
+        tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
 
@@ -199,6 +214,8 @@ def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: An
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, config)))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
+    if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
+        hooks.append(EarlyStopHook(settings.early_stop))
     hooks.append(CheckpointHook(settings.checkpoint_every))
     if settings.compile:
         hooks.append(CompileReport())
@@ -207,14 +224,18 @@ def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: An
     return hooks
 
 
-def _resume(state: TrainState, resume: str, run_dir: Path) -> None:
-    """Load trainer.resume's checkpoint into `state` (nothing for resume=none or a run with no checkpoint yet)."""
+def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
+    """Load trainer.resume's checkpoint into `state` (nothing for resume=none or a run with no checkpoint yet).
+
+    Returns whether a checkpoint was loaded.
+    """
     path = resume_checkpoint(resume, run_dir)
     if path is None:
-        return
+        return False
     state.load_state_dict(read_checkpoint(path), source=str(path))
     p = state.progress
     log.info("resumed from %s at epoch %d, step %d, micro-batch %d", path, p.epoch, p.step, p.micro_batch)
+    return True
 
 
 def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: str, data: DataBundle, device: torch.device,
@@ -243,11 +264,11 @@ def _log_grid(tracker: Tracker, config: TrainConfig, images: torch.Tensor, targe
                             mean=list(config.data.mean), std=list(config.data.std))
 
 
-def _close(tracker: Optional[Tracker]) -> None:
-    """Close TensorBoard and say where its events are."""
+def _close(tracker: Optional[Tracker], status: str) -> None:
+    """Close TensorBoard and the tracker runs (FINISHED, KILLED or FAILED); say where TensorBoard's events are."""
     if tracker is None:
         return
     has_events = tracker.writer is not None
-    tracker.close()
+    tracker.close(status)
     if has_events:
         print(f"TensorBoard logs are in {tracker.tb_dir}  (view: tensorboard --logdir {tracker.tb_dir})", flush=True)

@@ -13,8 +13,8 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             (it runs in a `finally`; the error propagates once every hook has run)
 
 Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
-SampleGridHook, EvalHook, CheckpointHook, then CompileReport (with trainer.compile) and PreemptionHook last:
-evaluation runs before the checkpoint that records its metrics.
+SampleGridHook, EvalHook, EarlyStopHook (with trainer.early_stop.metric), CheckpointHook, then CompileReport
+(with trainer.compile) and PreemptionHook last: evaluation runs before the checkpoint that records its metrics.
 
 Controlling the loop from a hook:
 

@@ -1,7 +1,10 @@
-"""Run outputs on rank 0: metrics.jsonl (one JSON object per line) and TensorBoard events.
+"""Run outputs on rank 0: metrics.jsonl (one JSON object per line), TensorBoard events, experiment trackers.
 
 Metrics arrive already reduced across ranks (src.dist.reduce_dict in the loop); every other rank
-gets a tracker that does nothing, so callers never branch on the rank.
+gets a tracker that does nothing, so callers never branch on the rank. metrics.jsonl is written here,
+synchronously, whatever `logger=` says (it is the contract); TensorBoard's SummaryWriter has its own
+writer thread. MLflow, W&B and CSV (src/engine/trackers/) get each row through their own bounded
+background queue, so a slow tracker never delays a training step.
 """
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+from src.engine.trackers.background import BackgroundSinks
+from src.engine.trackers.sink import FINISHED, RunInfo, Sink
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +24,24 @@ log = logging.getLogger(__name__)
 class Tracker:
     """Appends {split, epoch, step, **metrics, time} rows to metrics.jsonl and mirrors scalars to TensorBoard."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, sinks: Sequence[Sink] = (),
+                 queue_size: int = 10000, finish_timeout_s: float = 300.0, abort_timeout_s: float = 20.0) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tb_dir = Path(run_dir) / "tensorboard"
         self.writer: Optional[Any] = None
+        self.finish_timeout_s, self.abort_timeout_s = finish_timeout_s, abort_timeout_s
+        # MLflow / W&B / CSV, each behind its own queue and thread (rank 0 only; none when no such logger is chosen).
+        self.background = BackgroundSinks(sinks, queue_size) if enabled and sinks else None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(self.tb_dir))
+
+    def start(self, info: RunInfo, runs: dict[str, dict[str, str]]) -> None:
+        """Open the tracker runs (in the background); `runs` holds the previous runs' ids and receives the new."""
+        if self.background is not None:
+            self.background.start(info, runs)
 
     def log(self, split: str, epoch: int, step: int, metrics: dict[str, float]) -> None:
         """One metrics.jsonl row, and `split/name` scalars at `step` in TensorBoard."""
@@ -37,21 +52,37 @@ class Tracker:
                "time": round(time.time(), 3), "cpu_s": round(time.process_time(), 3)}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        if self.background is not None:
+            self.background.log(row)
         if self.writer is not None:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.writer.add_scalar(f"{split}/{name}", value, step)
 
+    def log_artifact(self, path: Path) -> None:
+        """Hand a file (the best checkpoint) to the trackers that keep artifacts."""
+        if self.background is not None:
+            self.background.artifact(Path(path))
+
     def flush(self) -> None:
-        """Push pending TensorBoard events to disk."""
+        """Push pending TensorBoard events to disk (the trackers get theirs in close())."""
         if self.writer is not None:
             self.writer.flush()
 
-    def close(self) -> None:
-        """Flush and close the TensorBoard writer."""
+    def close(self, status: str = FINISHED) -> None:
+        """Close the TensorBoard writer; hand every queued row to the trackers and end their runs with `status`.
+
+        FINISHED waits up to logger.finish_timeout_s for them; KILLED (preemption) and FAILED up to
+        logger.abort_timeout_s, inside the grace time before SIGKILL.
+        """
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.background is not None:
+            key, timeout_s = (("logger.finish_timeout_s", self.finish_timeout_s) if status == FINISHED
+                              else ("logger.abort_timeout_s", self.abort_timeout_s))
+            self.background.close(status, timeout_s, key)
+            self.background = None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -60,12 +60,18 @@ def test_state_dict_round_trip_restores_every_piece() -> None:
     src.scheduler.step()
     src.ema.update_parameters(src.model)
     src.progress, src.best, src.metrics = Progress(1, 5, 2), [[40.0, "best.pt"]], {"top1": 40.0}
+    src.trackers["mlflow"] = {"run_id": "abc", "tracking_uri": "sqlite:///x.db"}
+    src.early_stop = {"metric": "top1", "best": 40.0, "best_step": 5, "bad_evaluations": 1, "stopped": False}
     saved = src.state_dict()
     assert saved["format_version"] == FORMAT_VERSION and saved["metrics"] == {"top1": 40.0}
 
     dst = _state()
     dst.load_state_dict(saved)
     assert dst.progress == Progress(1, 5, 2) and dst.best == [[40.0, "best.pt"]]
+    assert dst.trackers == src.trackers and dst.early_stop == src.early_stop  # a resume continues both
+    old = {k: v for k, v in saved.items() if k not in ("trackers", "early_stop")}  # written before they existed
+    dst.load_state_dict(old)
+    assert dst.trackers == {} and dst.early_stop == {}
     assert dst.metrics == {}  # an evaluation describes the weights it saw, not a resumed run's next ones
     assert dst.scheduler.state_dict() == src.scheduler.state_dict()
     for key, value in src.model.state_dict().items():

@@ -19,6 +19,10 @@ Format (version FORMAT_VERSION; files without `format_version` are version 0, id
     metrics         the evaluation of exactly these weights ({} when they were not evaluated)
     best            [[value, file name], ...]: the best-k checkpoints, best first
     class_names     the training data's class names in label order (predict.py names predictions with them)
+    trackers        {tracker name: {"run_id", ...}}: the experiment-tracker runs a resume continues ({} if none)
+    early_stop      trainer.early_stop's state (src/engine/early_stop.py: best, bad_evaluations, stopped, ...)
+
+Checkpoints written before `trackers` and `early_stop` existed load with both empty.
 
 Everything is a tensor, number, string, None or a container of those, so torch.load(weights_only=True)
 reads it: loading a checkpoint never runs pickled code.
@@ -68,6 +72,9 @@ class TrainState:
     # Metrics of an evaluation of exactly the current weights; cleared by every optimizer step.
     metrics: dict[str, float] = field(default_factory=dict)
     class_names: list[str] = field(default_factory=list)  # the data's, in label order
+    # Rank 0's tracker thread fills it as tracker runs open (src/engine/trackers/background.py).
+    trackers: dict[str, dict[str, str]] = field(default_factory=dict)
+    early_stop: dict[str, Any] = field(default_factory=dict)  # EarlyStopState.to_dict()
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint of this state. A collective: every rank calls it (RNG states are gathered)."""
@@ -81,6 +88,8 @@ class TrainState:
             "rng": dist.all_gather_object(capture_rng_state()), "world_size": dist.get_world_size(),
             "config": self.config, "metrics": dict(self.metrics), "best": [list(b) for b in self.best],
             "class_names": list(self.class_names),
+            "trackers": {k: dict(v) for k, v in dict(self.trackers).items()},  # a copy: the tracker thread adds to it
+            "early_stop": dict(self.early_stop),
         }
 
     def load_state_dict(self, ckpt: dict[str, Any], source: str = "the checkpoint") -> None:
@@ -104,6 +113,9 @@ class TrainState:
         self._map_sampler_position(ckpt)
         self.best = [list(b) for b in ckpt.get("best", [])]
         self.metrics = {}
+        self.trackers.clear()  # the same dict object: the Tracker may hold it already
+        self.trackers.update({k: dict(v) for k, v in (ckpt.get("trackers") or {}).items()})
+        self.early_stop = dict(ckpt.get("early_stop") or {})
         rng = ckpt.get("rng") or []
         if len(rng) == dist.get_world_size():
             restore_rng_state(rng[dist.get_rank()])
