@@ -136,6 +136,9 @@ class TrainerConfig:
     # eval mode. compile_mode is torch.compile's mode (reduce-overhead adds CUDA graphs on GPUs).
     compile: bool = False
     compile_mode: str = "default"
+    # Validate, form the process group, build model and data, one forward of one batch (no optimizer step,
+    # nothing written), print a summary and exit 0: src/commands/dry_run.py.
+    dry_run: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src import dist
 from src.config import TrainConfig, best_metric_of, task_of, validate_config
+from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
@@ -55,6 +56,12 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     threads = configure_threads(typed.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
     dist.init_distributed(device, timeout_s=typed.trainer.dist_timeout_s,
                           init_timeout_s=typed.trainer.dist_init_timeout_s)
+    if typed.trainer.dry_run:
+        try:
+            _dry_run(typed, device)
+            return {}
+        finally:
+            dist.destroy()
     tracker: Optional[Tracker] = None
     try:
         run_dir = resolve_run_dir()
@@ -97,12 +104,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
     train_loader = build_train_loader(data.train, typed.data, rank, world, typed.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, typed.data, rank, world)
 
-    seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
-    model = build_model(typed.model, typed.norm, data.num_classes).to(device, PRECISIONS[settings.dtype])
-    norm_sync = NormSync(model, typed.norm, settings.dist_timeout_s)  # collective with norm.group_size
-    if settings.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    seed_everything(typed.seed + rank)  # everything random from here (dropout, MixUp) differs per rank
+    model, norm_sync = _build_model(typed, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
     state = _build_state(cfg, typed, model, len(train_loader), device)
@@ -120,6 +122,52 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
                       buffer_sync=buffer_sync_mode(typed))
     trainer.train()
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
+
+
+def _build_model(typed: TrainConfig, num_classes: int, device: torch.device) -> tuple[torch.nn.Module, NormSync]:
+    """The model as training starts from it: the same initial weights on every rank, norm groups formed."""
+    seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
+    model = build_model(typed.model, typed.norm, num_classes).to(device, PRECISIONS[typed.trainer.dtype])
+    norm_sync = NormSync(model, typed.norm, typed.trainer.dist_timeout_s)  # collective with norm.group_size
+    if typed.trainer.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    seed_everything(typed.seed + dist.get_rank())  # everything random from here (dropout, MixUp) differs per rank
+    return model, norm_sync
+
+
+def _dry_run(typed: TrainConfig, device: torch.device) -> None:
+    """trainer.dry_run: build data, model and its wrapping as training does, one training-mode forward, summary."""
+    run_dir = resolve_run_dir()  # the same collective as a real run; nothing is written into it
+    setup_logging(None, dist.get_rank())  # console only: no log files in the run dir
+    rank, world, settings = dist.get_rank(), dist.get_world_size(), typed.trainer
+    configure_determinism(settings.deterministic)
+    task = task_of(typed)
+    data = build_datasets(typed.data, seed=typed.seed)
+    train_loader = build_train_loader(data.train, typed.data, rank, world, typed.seed, drop_last=True)
+    build_eval_loader(data.val, typed.data, rank, world)
+    if len(train_loader) == 0:
+        raise ValueError(f"data.batch_size={typed.data.batch_size} x {world} process(es) is more than the "
+                         f"{len(data.train)} training samples: not one full micro-batch per epoch")
+    model, _ = _build_model(typed, data.num_classes, device)
+    module = wrap_model(model, settings, device).train()
+    images, targets = next(iter(train_loader))
+    loss = build_loss(task, settings.label_smoothing, data.ignore_index, typed.model.aux_loss_weight)
+    batch = forward_one_batch(module, images, device=device, amp=settings.amp, channels_last=settings.channels_last,
+                              targets=targets, loss_fn=loss)
+    steps = optimizer_steps_per_epoch(len(train_loader), settings.grad_accum_steps)
+    effective = world * typed.data.batch_size * settings.grad_accum_steps
+    print_summary("train.py", {
+        "model": f"{typed.model.name} ({task}, {data.num_classes} classes), norm={typed.norm.name}",
+        **model_facts(model),
+        "world size": f"{world} process(es) on {device}",
+        "batch": f"{typed.data.batch_size} per rank, effective {effective} = {world} x {typed.data.batch_size} x "
+                 f"{settings.grad_accum_steps} accumulation",
+        "data": f"{typed.data.name}: {len(data.train)} train / {len(data.val)} val samples",
+        "steps per epoch": f"{steps} optimizer steps ({len(train_loader)} micro-batches per rank); "
+                           f"{settings.epochs} epoch(s), max_steps={settings.max_steps}",
+        "first batch": f"input {tuple(images.shape)} -> output {batch['output']}, loss {batch['loss']:.4f} (rank 0)",
+        "run dir": str(run_dir),
+    })
 
 
 def _build_state(cfg: DictConfig, typed: TrainConfig, model: torch.nn.Module, micro_batches: int,

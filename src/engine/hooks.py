@@ -9,7 +9,8 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             because it is over (trainer.max_steps); trainer.epoch is the epoch just
                             trained, trainer.epoch_complete says whether it ran to its end,
                             trainer.finishing whether this is the last call
-    after_train(trainer)    once, when the loop has ended normally or by a stop request (not on an error)
+    after_train(trainer)    once, however the loop ended: normally, by a stop request, or by an error
+                            (it runs in a `finally`; the error propagates once every hook has run)
 
 Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
 SampleGridHook, EvalHook, CheckpointHook, then CompileReport (with trainer.compile) and PreemptionHook last:

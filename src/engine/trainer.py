@@ -4,7 +4,7 @@ Who owns what:
 - `trainer.state` (TrainState): the unwrapped model, optimizer, scheduler, scaler, EMA, progress,
   best-k list, config; its state_dict() is the checkpoint.
 - `trainer.module`: what the forward pass goes through: the model, wrapped in DDP when distributed
-  (src/engine/wrap.py; torch.compile would be applied there too, around the DDP module).
+  (src/engine/wrap.py; with trainer.compile, src/engine/compile.py compiles around the DDP module).
 - `trainer.eval_module`: what evaluation runs (default: the unwrapped model).
 - hooks (src/engine/hooks.py): logging, evaluation, checkpoints, stopping; the loop calls them.
 
@@ -135,17 +135,23 @@ class Trainer:
 
     # --- the loop -------------------------------------------------------------------------------------
     def train(self) -> None:
-        """before_train, then epochs until the configured end or a stop request, then after_train."""
-        self._call("before_train")
-        while self.stop_reason is None and self.state.progress.epoch < self.settings.epochs:
-            self.epoch = self.state.progress.epoch
-            self._run_epoch()
-            if self.interrupted:
-                break
-            self.finishing = self.stop_reason is not None or self.state.progress.epoch >= self.settings.epochs
-            self.check_finite(f"after epoch {self.epoch}")  # before evaluating or saving the weights
-            self._call("after_epoch")
-        self._call("after_train")
+        """before_train, then epochs until the configured end or a stop request, then after_train.
+
+        after_train runs however the loop ends, also when it raises (a non-finite loss, a collective's
+        timeout): hooks put back what before_train changed, e.g. PreemptionHook's signal handlers.
+        """
+        try:
+            self._call("before_train")
+            while self.stop_reason is None and self.state.progress.epoch < self.settings.epochs:
+                self.epoch = self.state.progress.epoch
+                self._run_epoch()
+                if self.interrupted:
+                    break
+                self.finishing = self.stop_reason is not None or self.state.progress.epoch >= self.settings.epochs
+                self.check_finite(f"after epoch {self.epoch}")  # before evaluating or saving the weights
+                self._call("after_epoch")
+        finally:
+            self._call("after_train")
 
     def _run_epoch(self) -> None:
         """Micro-batches from the resume position to the end of the epoch, or until a stop request."""

@@ -5,9 +5,11 @@ not depend on the model, and these tests run in about a second.
 """
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import torch
 from torch import nn
 
@@ -16,6 +18,7 @@ from src.engine.amp import build_scaler
 from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
 from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
 from src.engine.losses import classification_loss
+from src.engine.preemption import PreemptionHook
 from src.engine.checkpoint.state import Progress, TrainState
 from src.engine.trainer import Trainer
 from tests.engine.fake_loader import ListLoader
@@ -120,3 +123,20 @@ def test_checkpoint_hook_writes_on_its_step_schedule(tmp_path: Path) -> None:
     # Each hook sees the file as of the previous step: written after step 2's hooks, not before.
     assert steps.seen == [0, 0, 2]
     assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["step"] == 3  # after the epoch
+
+
+def test_an_error_inside_training_still_restores_the_sigterm_handler(tmp_path: Path) -> None:
+    # A NonFiniteError or a collective's timeout raised mid-run must not leave PreemptionHook's handler
+    # installed: in-process callers (tests, notebooks, a sweep) would then silently swallow SIGTERM.
+    class Boom(Hook):
+        def after_step(self, trainer: Trainer) -> None:
+            if trainer.state.progress.step == 2:
+                raise RuntimeError("boom at step 2")
+
+    before = signal.getsignal(signal.SIGTERM)
+    preemption = PreemptionHook(["SIGTERM"])
+    rec = Recorder()
+    with pytest.raises(RuntimeError, match="boom at step 2"):
+        make_trainer(tmp_path, [rec, Boom(), preemption]).train()
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert rec.events[-1][0] == "after_train"

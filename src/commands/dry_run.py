@@ -1,0 +1,59 @@
+"""`trainer.dry_run=true`: what a command would run, checked with one batch and summarised; nothing written.
+
+Each command validates its config, forms the process group and builds model and data exactly as a real run
+does, then calls `forward_one_batch` (no optimizer step, no checkpoint, no metrics) and `print_summary`
+(rank 0 only) instead of its loop. A failure anywhere in that path fails the dry run the same way.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from src import dist
+from src.engine.amp import autocast, model_dtype, upcast
+from src.models import count_norm_layers
+
+
+def forward_one_batch(module: nn.Module, images: torch.Tensor, *, device: torch.device, amp: str,
+                      channels_last: bool, targets: Optional[torch.Tensor] = None,
+                      loss_fn: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None) -> dict[str, Any]:
+    """One forward of `images` through `module` in its current mode, without gradients; output shape and loss.
+
+    Every rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this
+    rank's own: the dry run reduces nothing.
+    """
+    images = images.to(device, model_dtype(module))
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), autocast(amp, device):
+        outputs = module(images)
+        loss = loss_fn(outputs, targets.to(device)) if loss_fn is not None and targets is not None else None
+    logits = upcast(outputs["out"] if isinstance(outputs, dict) else outputs)
+    result: dict[str, Any] = {"output": tuple(logits.shape)}
+    if loss is not None:
+        value = float(loss)
+        if not torch.isfinite(torch.tensor(value)):
+            raise RuntimeError(f"dry run: the first batch's loss is {value} before any optimizer step; check the "
+                               "data normalisation, trainer.dtype/amp and the model's initial weights")
+        result["loss"] = value
+    return result
+
+
+def model_facts(model: nn.Module) -> dict[str, str]:
+    """Parameter counts and the normalisation layers of `model`, as summary lines."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    norms = ", ".join(f"{name} x{count}" for name, count in sorted(count_norm_layers(model).items()))
+    return {"parameters": f"{total:,} ({trainable:,} trainable)", "norm layers": norms or "none"}
+
+
+def print_summary(title: str, facts: dict[str, Any]) -> None:
+    """Print `facts` as aligned `key: value` lines under `title`, on rank 0 only."""
+    if not dist.is_main_process():
+        return
+    width = max(len(key) for key in facts)
+    lines = [f"dry run ({title}): config valid, model and data built, one batch forward; nothing written"]
+    lines += [f"  {key:<{width}}  {value}" for key, value in facts.items()]
+    print("\n".join(lines), flush=True)
