@@ -1,4 +1,4 @@
-"""The `python`/`torchrun` commands of train.py, evaluate.py and predict.py that README.md and docs/*.md show.
+"""The `python`/`torchrun` commands of train.py, evaluate.py, predict.py and export.py that README.md and docs/*.md show.
 
 Commands are read from fenced code blocks (continuation lines joined, comments dropped) and kept with the file
 and line they come from, so a failing one names the line a user would copy.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPTS = ("train.py", "evaluate.py", "predict.py")
+SCRIPTS = ("train.py", "evaluate.py", "predict.py", "export.py")
 LAUNCHER = re.compile(r"(?:^|\s)((?:\S*/)?(?:python3?|torchrun)\s.*)$")
 
 
