@@ -32,5 +32,6 @@ test: setup system-deps
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
+# Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.
 clean:
-	rm -rf build .cache outputs .pytest_cache
+	rm -rf build .cache .pytest_cache

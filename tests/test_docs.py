@@ -1,0 +1,199 @@
+"""The documentation holds: every train.py / evaluate.py / predict.py / export.py command in README.md and docs/*.md runs,
+and every file the documentation names exists.
+
+Each documented command runs from a fresh folder of its own, as written, plus its dry run (validate, build model
+and data, one batch forward, summary, exit 0: nothing trains) and one thread per process. What a test cannot
+have is handled as a user would meet it:
+- checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
+  (a segmentation run's for docs/segmentation.md and paths naming `segment`, a classification run's otherwise);
+  `input=` folders and files are written from the embedded shapes data; `demo/` is scripts/make_demo_folders.py's;
+- data and weights on disk that no test has (`data.root=/data/imagenet`, `model.backbone_weights=/weights/...`,
+  `data.root=my_photos`) must make the command fail, and the failure must name the missing path: a typo in a
+  key, a bad value or a crash fails the test. `data.download=true` is turned off (no network here), so the
+  command still meets the missing data;
+- torchrun commands run as one plain process (the dry run checks the composition and the build; the world size
+  changes only the summary's batch figures); sweeps (`-m`) run as sweeps, except a SLURM launcher's, which runs
+  its first combination without the launcher's submission.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docs_commands import DOC_FILES, REPO, DocCommand, documented_commands
+
+TIMEOUT_S = 300
+# Put before the command's own words (Hydra takes overrides before flags such as `--cfg job`); nothing documented
+# sets these keys, so they hold. evaluate.py and predict.py run for real: on the fixtures they take seconds.
+EXTRA = {"train.py": ["trainer.dry_run=true", "trainer.num_threads=1"], "evaluate.py": ["trainer.num_threads=1"],
+         "predict.py": ["trainer.num_threads=1"], "export.py": []}
+ONE_THREAD = ["trainer.num_threads=1"]
+# Keys whose values name files or folders that must exist for the command to do its work.
+PATH_KEYS = ("data.root", "model.backbone_weights", "model.weights", "ckpt", "input")
+# Files a walk-through tells the user to create; the documentation shows them as examples.
+USER_FILES = {"conf/data/mydata.yaml", "src/data/datasets/mydata.py", "conf/model/my_net.yaml", "src/models/my_net.py"}
+
+COMMANDS = documented_commands()
+# A command written on several pages runs once, under the first place it appears (the others are listed in the id).
+UNIQUE: dict[tuple, list[DocCommand]] = {}
+for _command in COMMANDS:
+    UNIQUE.setdefault((_command.script, _command.args), []).append(_command)
+
+
+def _env() -> dict[str, str]:
+    """This environment without a surrounding torchrun's variables, one thread, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT", "LOCAL_WORLD_SIZE")}
+    # HF_HUB_OFFLINE: pretrained weights by name come from the caches or fail naming the file, never a download.
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    return env
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def _train_checkpoint(root: Path, name: str, overrides: list[str]) -> Path:
+    """A short real training run (2 optimizer steps, EMA on, so `ema=true` commands have weights)."""
+    run_dir = root / name
+    proc = _run([sys.executable, str(REPO / "train.py"), *overrides, "trainer.max_steps=2", "trainer.epochs=1",
+                 "trainer.ema=true", "data.num_workers=0", "trainer.progress_bar=false", *ONE_THREAD,
+                 f"hydra.run.dir={run_dir}"], root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """What the documented commands expect to find: checkpoints of both tasks, demo folders, images."""
+    root = tmp_path_factory.mktemp("doc_fixtures")
+    small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
+    found = {
+        "cls": _train_checkpoint(root, "cls", small),
+        "seg": _train_checkpoint(root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"]),
+    }
+    demo = _run([sys.executable, str(REPO / "scripts" / "make_demo_folders.py"), str(root / "demo"),
+                 "--train-per-class", "6", "--val-per-class", "1", "--train-images", "32", "--val-images", "3"], root)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    found["demo"] = root / "demo"
+    found["images"] = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs
+    found["images"].mkdir()
+    for i, image in enumerate(sorted((root / "demo" / "classify" / "val").rglob("*.jpg"))[:3]):
+        shutil.copy(image, found["images"] / f"img{i}.jpg")
+    return found
+
+
+def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[str]:
+    """The command's arguments with the test's placements made in `cwd`; returns the arguments to run."""
+    (cwd / "demo").symlink_to(fixtures["demo"], target_is_directory=True)
+    args = []
+    for arg in command.args:
+        if arg == "<overrides>" or arg in ("-m", "--multirun"):
+            continue
+        key, _, value = arg.partition("=")
+        if key == "data.download":
+            arg = "data.download=false"
+        elif key == "ckpt":
+            task = "seg" if "segmentation" in command.where or "segment" in value else "cls"
+            target = cwd / ("ckpt.pt" if value == "..." else value)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(fixtures[task], target)
+            arg = f"ckpt={target.relative_to(cwd)}"
+        elif key == "input" and not (cwd / value).exists():
+            if Path(value).suffix:
+                (cwd / value).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(next(fixtures["images"].iterdir()), cwd / value)
+            else:
+                shutil.copytree(fixtures["images"], cwd / value)
+        args.append(arg)
+    return args
+
+
+def _sweep(command: DocCommand, args: list[str]) -> list[str]:
+    """Sweeps run as sweeps; a cluster launcher's sweep runs its first combination here, unsubmitted."""
+    if not command.multirun:
+        return args
+    if any(a.startswith("hydra/launcher=") for a in args):
+        return [a if "=" not in a or "[" in a else a.split(",")[0] for a in args]
+    return ["-m", *args, "hydra.sweep.dir=multirun"]
+
+
+def _missing_paths(command: DocCommand, cwd: Path) -> list[str]:
+    """Values of the path keys that name nothing on this machine (after the test's placements)."""
+    missing = []
+    for key in PATH_KEYS:
+        value = command.value(key)
+        if value and key != "ckpt" and not (cwd / value).exists() and not Path(value).exists():
+            missing.append(value.rstrip("/"))
+    return missing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [same[0] for same in UNIQUE.values()],
+                         ids=["+".join(c.where for c in same) for same in UNIQUE.values()])
+def test_documented_command_runs(command: DocCommand, fixtures: dict[str, Path], tmp_path: Path) -> None:
+    """The command runs its dry run to exit 0, or, lacking data or weights no test has, names what is missing."""
+    args = _sweep(command, _prepare(command, tmp_path, fixtures))
+    proc = _run([sys.executable, str(REPO / command.script), *EXTRA[command.script], *args], tmp_path)
+    output = proc.stdout + proc.stderr
+    missing = _missing_paths(command, tmp_path)
+    if proc.returncode == 0:
+        return
+    assert missing, f"{command.where}: `{command.text}` failed (exit {proc.returncode}):\n{output[-4000:]}"
+    assert any(path in output for path in missing), (
+        f"{command.where}: `{command.text}` failed without naming the missing {missing}:\n{output[-4000:]}")
+    assert not re.search(r"Could not override|not in struct|ConfigCompositionException|Key '.*' is not", output), (
+        f"{command.where}: `{command.text}` does not compose:\n{output[-4000:]}")
+
+
+def test_commands_are_found() -> None:
+    """The extraction sees the commands of every page that shows some (a broken parser would pass vacuously)."""
+    pages = {c.where.split(":")[0] for c in COMMANDS}
+    assert {"README.md", "docs/training.md", "docs/data.md", "docs/evaluation.md", "docs/segmentation.md"} <= pages
+    assert {"train.py", "evaluate.py", "predict.py"} <= {c.script for c in COMMANDS}
+
+
+def _named_paths(text: str, page: Path) -> set[str]:
+    """Repository paths a page names: markdown links and `src/...`-style paths."""
+    names = set()
+    for match in re.finditer(r"\]\(([^)#\s]+)", text):
+        if "://" not in match.group(1):
+            names.add((page.parent / match.group(1)).resolve().relative_to(REPO).as_posix())
+    for match in re.finditer(r"(?<![\w./-])((?:src|scripts|conf|tests|docs|csrc|\.ci)/[\w./*<>-]*[\w/*>])", text):
+        names.add(match.group(1).rstrip("/"))
+    return names
+
+
+@pytest.mark.parametrize("page", DOC_FILES, ids=[p.name for p in DOC_FILES])
+def test_every_named_file_exists(page: Path) -> None:
+    """No page points at a file or folder the repository does not have (globs must match something)."""
+    wrong = []
+    for name in sorted(_named_paths(page.read_text(), page)):
+        if name in USER_FILES or "<" in name:
+            continue
+        if "*" in name:
+            if not list(REPO.glob(name)):
+                wrong.append(name)
+        elif not (REPO / name).exists() and not (REPO / f"{name}.py").exists():
+            wrong.append(name)
+    assert not wrong, f"{page.relative_to(REPO)} names what the repository does not have: {wrong}"
+
+
+def test_dotted_module_names_exist() -> None:
+    """`src.x.y` names in the documentation are modules of the repository (or attributes of one)."""
+    wrong = []
+    for page in DOC_FILES:
+        for match in re.finditer(r"(?<![\w.])(src(?:\.\w+)+)", page.read_text()):
+            parts = match.group(1).split(".")
+            deepest = max((k for k in range(1, len(parts) + 1)
+                           if REPO.joinpath(*parts[:k]).with_suffix(".py").exists()
+                           or (REPO.joinpath(*parts[:k])).is_dir()), default=0)
+            if deepest < min(len(parts), 2) or len(parts) - deepest > 2:
+                wrong.append(f"{page.name}: {match.group(1)}")
+    assert not wrong, wrong
