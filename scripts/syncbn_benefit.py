@@ -20,7 +20,8 @@ steps). Writes, under --out: one run folder per run (metrics.jsonl, the log), re
 (final validation top-1 / mIoU, mean and spread over seeds per norm and setting) and benefit.png
 (validation metric against step, mean over seeds and min-max band, one panel per task and setting).
 The plot needs matplotlib (`.venv/bin/pip install matplotlib`); without it the script still writes the
-table and says so. `--quick` is a smoke test: one seed, W=2, a few steps, tiny validation sets.
+table and says so. `--report-only` writes the table and plot from the runs finished so far (a stopped
+experiment resumes where it stopped: finished runs are skipped). `--quick` is a smoke test: one seed, W=2, a few steps, tiny validation sets.
 """
 from __future__ import annotations
 
@@ -196,6 +197,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
     p.add_argument("--evals", type=int, default=4, help="validations per run (one per epoch)")
     p.add_argument("--spread", type=float, default=1.0, help="data.photometric_spread")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: table and plot from the planned runs already finished under --out")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.overrides = extra
     if args.quick:
@@ -212,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     records = []
     for run in plan(args):
+        if args.report_only and not (out / run.name / "done.json").exists():
+            continue
         record = execute(run, out)
         records.append(record)
         final = record["curve"][-1][1] if record["curve"] else float("nan")
