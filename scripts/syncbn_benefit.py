@@ -21,7 +21,8 @@ steps). Writes, under --out: one run folder per run (metrics.jsonl, the log), re
 (validation metric against step, mean over seeds and min-max band, one panel per task and setting).
 The plot needs matplotlib (`.venv/bin/pip install matplotlib`); without it the script still writes the
 table and says so. `--report-only` writes the table and plot from the runs finished so far (a stopped
-experiment resumes where it stopped: finished runs are skipped). `--quick` is a smoke test: one seed, W=2, a few steps, tiny validation sets.
+experiment resumes where it stopped: finished runs are skipped). `--quick` is a smoke test: one seed,
+W=2, a few steps, tiny validation sets (about 10 minutes on 2 loaded cores, mostly start-up).
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ class Run:
             f"data.train_size={per_eval * global_batch}", f"data.val_size={val_size}",
             f"data.photometric_spread={self.spread}", f"trainer.epochs={self.evals}", f"seed={self.seed}",
             f"trainer.log_every={max(per_eval // 5, 1)}", "trainer.progress_bar=false",
-            "trainer.tensorboard=false", "trainer.num_threads=1", "device=cpu", *self.overrides, f"hydra.run.dir={run_dir}",
+            "trainer.tensorboard=false", "trainer.num_threads=1", "device=cpu", *self.overrides,
+            f"hydra.run.dir={run_dir}",
         ]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
                 "train.py", *overrides]
