@@ -34,6 +34,9 @@ class DataConfig:
     num_classes: Optional[int] = None
     generator_seed: int = 0
     noise_std: float = 10.0  # shapes: std of the Gaussian pixel noise, in 0..255 units
+    # shapes: per-image contrast gain and brightness/colour offsets (0 = off, 1 = strong), so that the
+    # statistics of a small batch differ from the set's (src/data/shapes.py, scripts/syncbn_benefit.py).
+    photometric_spread: float = 0.0
     min_shapes: int = 2  # shapes_seg: shapes per image, drawn in [min_shapes, max_shapes]
     max_shapes: int = 4
     min_shape_size: float = 0.2  # shapes_seg: shape radius range, as a fraction of the image's shorter side
@@ -87,6 +90,8 @@ class DataConfig:
             _at_least("resize_size", self.resize_size, self.image_size)  # eval: Resize, then CenterCrop
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
+        if not 0 <= self.photometric_spread <= 1:
+            raise ValueError(f"data.photometric_spread must be in [0, 1], got {self.photometric_spread}")
         if not 0 <= self.color_jitter <= 1:
             raise ValueError(f"data.color_jitter must be in [0, 1], got {self.color_jitter}")
         _check_classification_augmentation(self, entry.task)

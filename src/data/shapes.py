@@ -154,6 +154,25 @@ def _rng(seed: int, split: str, index: int, salt: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, SPLITS[split], index, salt])
 
 
+def _photometric(img: np.ndarray, seed: int, split: str, index: int, spread: float) -> None:
+    """Shift the image's statistics in place: a per-image contrast gain, brightness and colour offset.
+
+    spread = 0 leaves the image untouched; 1 gives gains in [0.4, 2.5] and means moved by up to about
+    +-110 of 255. The draws come from a generator of their own (salt 3), so switching this on changes no
+    other draw: the shapes, their places and the labels stay those of spread = 0. This makes the
+    statistics of a batch of two images far from those of the whole set, which is what per-process
+    BatchNorm at small batches suffers from (scripts/syncbn_benefit.py).
+    """
+    if spread <= 0:
+        return
+    p = _rng(seed, split, index, 3).uniform(-1.0, 1.0, size=5)
+    gain = math.exp(p[0] * spread * math.log(2.5))
+    offset = p[1] * spread * 70 + p[2:5] * spread * 40  # brightness shared by channels, plus colour
+    img -= np.float32(127.5)
+    img *= np.float32(gain)
+    img += (127.5 + offset).astype(np.float32)
+
+
 def _finish(img: np.ndarray, rng: np.random.Generator, noise_std: float) -> np.ndarray:
     """Add pixel noise and quantise to uint8 HxWx3."""
     img += rng.standard_normal(size=img.shape, dtype=np.float32) * np.float32(noise_std) + np.float32(0.5)
@@ -167,7 +186,7 @@ def classification_label(index: int, num_classes: int) -> int:
 
 
 def make_classification_image(seed: int, split: str, index: int, size: int, num_classes: int,
-                              noise_std: float = 10.0) -> tuple[np.ndarray, int]:
+                              noise_std: float = 10.0, photometric_spread: float = 0.0) -> tuple[np.ndarray, int]:
     """One image (uint8 HxWx3) with one dominant shape, and its label."""
     check_num_classes(num_classes)
     label = classification_label(index, num_classes)
@@ -178,6 +197,7 @@ def make_classification_image(seed: int, split: str, index: int, size: int, num_
     cy, cx = rng.uniform(margin, size - 1 - margin, size=2)
     colour = _shape_colour(rng, img[size // 2, size // 2])
     _paint(img, rng, SHAPE_NAMES[label], cy, cx, radius, colour)
+    _photometric(img, seed, split, index, photometric_spread)
     return _finish(img, rng, noise_std), label
 
 
@@ -194,7 +214,7 @@ def segmentation_image_size(seed: int, split: str, index: int, size: int, variab
 def make_segmentation_image(seed: int, split: str, index: int, size: int, num_classes: int,
                             min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
                             noise_std: float = 10.0, radius_range: tuple[float, float] = (0.2, 0.34),
-                            ) -> tuple[np.ndarray, np.ndarray]:
+                            photometric_spread: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """One image (uint8 HxWx3) with several shapes, and its mask (uint8 HxW; 0 = background).
 
     Shape radii are drawn in radius_range x the shorter side.
@@ -215,6 +235,7 @@ def make_segmentation_image(seed: int, split: str, index: int, size: int, num_cl
         colour = _shape_colour(rng, bg_colour)
         alpha, box = _paint(img, rng, SHAPE_NAMES[kind], cy, cx, radius, colour)
         mask[box][alpha >= 0.5] = kind + 1
+    _photometric(img, seed, split, index, photometric_spread)
     return _finish(img, rng, noise_std), mask
 
 

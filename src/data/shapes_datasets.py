@@ -46,15 +46,16 @@ class ShapesClassification(_CachedShapes):
     """(tv_tensors.Image uint8 [3, S, S], label) with one dominant shape per image."""
 
     def __init__(self, seed: int, split: str, length: int, image_size: int, num_classes: int,
-                 noise_std: float = 10.0, cache: bool = True) -> None:
+                 noise_std: float = 10.0, cache: bool = True, photometric_spread: float = 0.0) -> None:
         super().__init__(seed, split, length, cache)
         shapes.check_num_classes(num_classes)
         self.image_size, self.num_classes, self.noise_std = image_size, num_classes, noise_std
+        self.photometric_spread = photometric_spread
         self.classes = list(shapes.SHAPE_NAMES[:num_classes])
 
     def _generate(self, index: int) -> tuple[np.ndarray, int]:
         return shapes.make_classification_image(self.seed, self.split, index, self.image_size,
-                                                self.num_classes, self.noise_std)
+                                                self.num_classes, self.noise_std, self.photometric_spread)
 
     @property
     def targets(self) -> list[int]:
@@ -72,8 +73,9 @@ class ShapesSegmentation(_CachedShapes):
     def __init__(self, seed: int, split: str, length: int, image_size: int, num_shape_kinds: int,
                  min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
                  noise_std: float = 10.0, cache: bool = True,
-                 radius_range: tuple[float, float] = (0.2, 0.34)) -> None:
+                 radius_range: tuple[float, float] = (0.2, 0.34), photometric_spread: float = 0.0) -> None:
         super().__init__(seed, split, length, cache)
+        self.photometric_spread = photometric_spread
         shapes.check_num_classes(num_shape_kinds)
         self.radius_range = (float(radius_range[0]), float(radius_range[1]))
         self.image_size, self.num_shape_kinds = image_size, num_shape_kinds
@@ -84,7 +86,7 @@ class ShapesSegmentation(_CachedShapes):
     def _generate(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         return shapes.make_segmentation_image(self.seed, self.split, index, self.image_size, self.num_shape_kinds,
                                               self.min_shapes, self.max_shapes, self.variable_size, self.noise_std,
-                                              self.radius_range)
+                                              self.radius_range, self.photometric_spread)
 
     def __getitem__(self, index: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         img, mask = self.raw(index)

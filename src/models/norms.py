@@ -164,13 +164,19 @@ class NormSync:
         self.model = model
         self.norm_cfg = norm_cfg
         self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
-        if norm_cfg.name == "syncbn" and norm_cfg.group_size is not None:
+        if norm_cfg.name == "syncbn":
             from src import dist
 
-            if dist.is_initialized():
+            if dist.is_initialized() and norm_cfg.group_size is not None:
                 from src.syncbn import create_rank_groups
 
                 create_rank_groups(norm_cfg.group_size, timeout_s)
+            elif dist.is_initialized():
+                from src.syncbn import create_stats_group
+
+                # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
+                # (docs/benchmarks.md, "SyncBN's synchronisation cost").
+                create_stats_group(timeout_s)
 
     def on_step(self, step: int) -> None:
         """Optimizer steps done so far (the same number on every rank)."""

@@ -32,6 +32,9 @@ def process_group_available() -> bool:
 def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None) -> tuple[str, int]:
     """(group name, size) for a layer's process_group (None = WORLD, looked up now); ("", 1) without a group.
 
+    None resolves to the statistics group of `groups.create_stats_group` when this process created one
+    (same ranks as WORLD, without DDP's gradient buckets queued on it), else to WORLD.
+
     group_size, when set, replaces process_group: this rank's group of that many consecutive ranks
     (created beforehand by `groups.create_rank_groups`).
     """
@@ -41,6 +44,10 @@ def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None
         from .groups import rank_group
 
         process_group = rank_group(group_size)
+    if process_group is None:
+        from .groups import stats_group
+
+        process_group = stats_group()  # WORLD's ranks on a group of their own, when one was created
     group = process_group if process_group is not None else dist.group.WORLD
     size = dist.get_world_size(group)
     if size < 1:

@@ -18,6 +18,8 @@ import torch.distributed as dist
 # group_size -> (the WORLD group it was created in, this rank's group). Keyed on WORLD so a process that
 # tears its process group down and starts a new one never gets a group of the old one.
 _GROUPS: dict[int, tuple[Any, Any]] = {}
+# "stats" -> (the WORLD group it was created in, a group of all of WORLD's ranks for SyncBN alone).
+_STATS: dict[str, tuple[Any, Any]] = {}
 
 
 def check_group_size(group_size: int, world_size: int) -> None:
@@ -60,4 +62,37 @@ def rank_group(group_size: int) -> Any:
             f"process group: call src.syncbn.create_rank_groups({group_size}) on every rank right after "
             "init_process_group (the trainer does this for norm.group_size)"
         )
+    return cached[1]
+
+
+def create_stats_group(timeout_s: Optional[float] = None) -> Any:
+    """A group of all WORLD's ranks for SyncBN's collectives alone (a collective: every rank calls it); idempotent.
+
+    Layers whose process_group is None (WORLD) then communicate on it instead of WORLD. Why: DDP issues
+    its gradient-bucket all-reduces on WORLD during the backward, and a process group runs its work in
+    order, so SyncBN's backward all_reduce on WORLD waits behind whichever buckets were issued before
+    it. On a group of its own it does not (scripts/bench_sync_cost.py measures both). Same ranks, so the
+    statistics and the results are the same. With one process it returns WORLD.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("create_stats_group needs an initialised default process group: call it after "
+                           "init_process_group, on every rank")
+    world = dist.group.WORLD
+    cached = _STATS.get("stats")
+    if cached is not None and cached[0] is world:
+        return cached[1]
+    if dist.get_world_size() == 1:
+        group = world
+    else:
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
+        group = dist.new_group(timeout=timeout)
+    _STATS["stats"] = (world, group)
+    return group
+
+
+def stats_group() -> Optional[Any]:
+    """The group `create_stats_group` made for the current WORLD, or None (then layers use WORLD itself)."""
+    cached = _STATS.get("stats")
+    if cached is None or cached[0] is not dist.group.WORLD:
+        return None
     return cached[1]

@@ -25,7 +25,8 @@ def _check_shapes_seg(cfg: DataConfig) -> None:
 def build_shapes(cfg: DataConfig) -> Splits:
     """One dominant shape per image, label = its kind; data.num_classes kinds (null = 6)."""
     k = cfg.num_classes or shapes.DEFAULT_CLASSIFICATION_KINDS
-    common = dict(image_size=cfg.image_size, num_classes=k, noise_std=cfg.noise_std, cache=cfg.cache)
+    common = dict(image_size=cfg.image_size, num_classes=k, noise_std=cfg.noise_std, cache=cfg.cache,
+                  photometric_spread=cfg.photometric_spread)
     train = ShapesClassification(cfg.generator_seed, "train", cfg.train_size, **common)
     val = ShapesClassification(cfg.generator_seed, "val", cfg.val_size, **common)
     return Splits(train, val, list(train.classes))
@@ -37,7 +38,7 @@ def build_shapes_seg(cfg: DataConfig) -> Splits:
     kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
     common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
                   max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
-                  radius_range=(cfg.min_shape_size, cfg.max_shape_size))
+                  radius_range=(cfg.min_shape_size, cfg.max_shape_size), photometric_spread=cfg.photometric_spread)
     train = ShapesSegmentation(cfg.generator_seed, "train", cfg.train_size, **common)
     val = ShapesSegmentation(cfg.generator_seed, "val", cfg.val_size, variable_size=cfg.variable_val_size, **common)
     return Splits(train, val, list(train.classes), val_same_size=not cfg.variable_val_size)
