@@ -37,6 +37,8 @@ from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.logger import setup_logging
 from src.models import build_model
+from src.models.activation_checkpointing import enable_activation_checkpointing
+from src.models.registry import MODELS
 from src.models.norms import NormSync
 
 log = logging.getLogger("src.commands.train")
@@ -99,6 +101,9 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
 
     seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(typed.model, typed.norm, data.num_classes).to(device, PRECISIONS[settings.dtype])
+    if settings.activation_checkpointing:
+        regions = enable_activation_checkpointing(model, MODELS.get(typed.model.name).info["family"])
+        log.info("activation checkpointing: %s", ", ".join(regions))
     norm_sync = NormSync(model, typed.norm, settings.dist_timeout_s)  # collective with norm.group_size
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -22,6 +22,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import collectives
 from .fake_kernels import OP_NAMES, register_fakes
+from .recompute import ForwardStatistics
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,30 @@ def _check_more_than_one_value(
     return _require_more_than_one_value(gathered, list(x.shape))
 
 
+def _global_statistics(
+    ops: KernelOps,
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    group_name: str,
+    world_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, invstd, count) over the group: local Welford stats, one all_gather, Chan merge (running stats updated)."""
+    local_count = x.numel() // x.shape[1]
+    local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
+    if world_size > 1:
+        gathered = collectives.all_gather_stats(local, group_name, world_size)
+    else:
+        gathered = local.view(1, -1)
+    gathered = _check_more_than_one_value(x, local_count, gathered)
+    return ops.batch_norm_gather_stats(
+        gathered, running_mean, running_var, num_batches_tracked, momentum, eps, x.dtype == torch.float64,
+    )
+
+
 class SyncBatchNormFunction(torch.autograd.Function):
     """Batch norm over the concatenated batches of a process group (exact for any split)."""
 
@@ -202,24 +227,23 @@ class SyncBatchNormFunction(torch.autograd.Function):
         eps: float,
         group_name: str,
         world_size: int,
+        record: Optional[ForwardStatistics] = None,
+        replay: Optional[ForwardStatistics] = None,
     ) -> torch.Tensor:
         ops = kernel_ops()
         fmt = kernel_memory_format(input)
         x = input.contiguous(memory_format=fmt)  # returns x itself when already in that layout
-        channels = x.shape[1]
-        local_count = x.numel() // channels
 
-        local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
-        if world_size > 1:
-            gathered = collectives.all_gather_stats(local, group_name, world_size)
+        if replay is not None:
+            # A checkpoint's recomputation (recompute.py): the first forward's global statistics, so no
+            # collective and no second running-statistics update.
+            mean, invstd, count = replay.stats()
         else:
-            gathered = local.view(1, -1)
-        gathered = _check_more_than_one_value(x, local_count, gathered)
-
-        mean, invstd, count = ops.batch_norm_gather_stats(
-            gathered, running_mean, running_var, num_batches_tracked, momentum, eps,
-            x.dtype == torch.float64,
-        )
+            mean, invstd, count = _global_statistics(
+                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size)
+            if record is not None:
+                record.mean, record.invstd, record.count = mean, invstd, count
+                ctx.record = record  # the autograd node owns it: it lives exactly as long as the graph
         # Also on a rank with an empty batch (the kernel then returns an empty y): y must depend on
         # the gathered statistics, or a compiled graph would drop the all_gather as dead code on
         # that rank (functional collectives are pure ops) while its peers wait in it.
@@ -234,6 +258,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         x, weight, mean, invstd, count = ctx.saved_tensors
+        record = getattr(ctx, "record", None)
+        if record is not None:
+            record.consumed = True  # no later recomputation can belong to this forward
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         ops = kernel_ops()
         channels = x.shape[1]
@@ -254,7 +281,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             if ctx.world_size > 1:
                 reduced = collectives.all_reduce_grads(reduced, ctx.group_name)
             grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
 
 
 def sync_batch_norm(
@@ -268,9 +295,15 @@ def sync_batch_norm(
     eps: float,
     group_name: str,
     world_size: int,
+    record: Optional[ForwardStatistics] = None,
+    replay: Optional[ForwardStatistics] = None,
 ) -> torch.Tensor:
-    """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked)."""
+    """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked).
+
+    `record` receives this forward's global statistics; `replay` supplies a first forward's instead of
+    computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
+    """
     return SyncBatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
-        world_size,
+        world_size, record, replay,
     )
