@@ -5,7 +5,9 @@ device (running stats updated there) -> normalise. Backward: local [sum dy, sum 
 all_reduce -> dx. The kernels (csrc/syncbn.h) never branch on the device; neither does this file.
 
 torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
-implementations (fake_kernels.py), the collectives are functional collectives on a group name, and
+implementations (fake_kernels.py), except the two elementwise ones, which take an aten form while
+tracing (fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives
+are functional collectives on a group name, and
 nothing here reads a device value on the host except when this rank holds at most one value per
 channel (then the global count decides whether F.batch_norm's "more than 1 value" error applies; that
 check is an operator too, so it stays in the graph).
@@ -20,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from . import collectives
+from . import collectives, fusable
 from .fake_kernels import OP_NAMES, register_fakes
 from .recompute import ForwardStatistics
 
@@ -247,7 +249,10 @@ class SyncBatchNormFunction(torch.autograd.Function):
         # Also on a rank with an empty batch (the kernel then returns an empty y): y must depend on
         # the gathered statistics, or a compiled graph would drop the all_gather as dead code on
         # that rank (functional collectives are pure ops) while its peers wait in it.
-        y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
+        if fusable.FUSE_FORWARD and torch.compiler.is_compiling() and x.numel() > 0:
+            y = fusable.batch_norm_elemt(x, weight, bias, mean, invstd)  # aten ops Inductor fuses with neighbours
+        else:
+            y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
 
         ctx.save_for_backward(x, weight, mean, invstd, count)
         ctx.group_name, ctx.world_size, ctx.fmt = group_name, world_size, fmt
@@ -280,7 +285,10 @@ class SyncBatchNormFunction(torch.autograd.Function):
             # the forward, dx depends on its result even when empty, so no graph drops it.
             if ctx.world_size > 1:
                 reduced = collectives.all_reduce_grads(reduced, ctx.group_name)
-            grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
+            if fusable.FUSE_BACKWARD and torch.compiler.is_compiling() and x.numel() > 0:
+                grad_input = fusable.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
+            else:
+                grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
 
 
