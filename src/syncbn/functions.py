@@ -5,12 +5,11 @@ device (running stats updated there) -> normalise. Backward: local [sum dy, sum 
 all_reduce -> dx. The kernels (csrc/syncbn.h) never branch on the device; neither does this file.
 
 torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
-implementations (fake_kernels.py), except the two elementwise ones, which take an aten form while
-tracing (fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives
-are functional collectives on a group name, and
-nothing here reads a device value on the host except when this rank holds at most one value per
-channel (then the global count decides whether F.batch_norm's "more than 1 value" error applies; that
-check is an operator too, so it stays in the graph).
+implementations (fake_kernels.py), the two elementwise ones replaced while tracing by their aten form
+(fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives are
+functional collectives on a group name; and nothing here reads a device value on the host except when
+this rank holds at most one value per channel (then the global count decides whether F.batch_norm's
+"more than 1 value" error applies; that check is an operator too, so it stays in the graph).
 """
 from __future__ import annotations
 
