@@ -54,3 +54,27 @@ def test_aten_form_equals_kernels(dtype: torch.dtype, shape: tuple[int, ...], ch
     expected = ops.batch_norm_backward_elemt(dy, x, mean, invstd, w, reduced, count)
     assert dx.dtype == expected.dtype and dx.stride() == expected.stride()
     torch.testing.assert_close(dx, expected, **TOL[dtype])
+
+
+def test_compiled_graphs_use_the_aten_form_and_keep_the_statistics_kernels() -> None:
+    """Under torch.compile the elementwise kernels are gone from the graphs; the statistics kernels stay."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from src.syncbn import SyncBatchNorm2d
+
+    graphs: list[str] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(str(gm.graph))
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    layer = torch.nn.Sequential(SyncBatchNorm2d(4), torch.nn.ReLU()).double()
+    compiled = torch.compile(layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    x = torch.randn(3, 4, 5, 5, dtype=torch.float64, requires_grad=True)
+    compiled(x).sum().backward()
+    forward, backward = graphs
+    assert "batch_norm_stats" in forward and "batch_norm_gather_stats" in forward
+    assert "batch_norm_elemt" not in forward
+    assert "batch_norm_backward_reduce" in backward and "batch_norm_backward_elemt" not in backward
