@@ -143,6 +143,9 @@ class TrainerConfig:
     dry_run: bool = False
     # Stop when a validation metric stops improving (src/engine/early_stop.py); off while metric is null.
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    # Recompute each stage's activations in the backward instead of keeping them (less memory, one more
+    # forward of those stages): src/models/activation_checkpointing.py; BatchNorm statistics stay exact.
+    activation_checkpointing: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
@@ -270,6 +273,29 @@ def _check_across_groups(cfg: TrainConfig) -> None:
         raise ValueError("trainer.amp=fp16 needs a GPU; on the CPU use trainer.amp=bf16 or none")
     if cfg.trainer.compile:
         _check_compilable(cfg)
+    if cfg.trainer.activation_checkpointing:
+        _check_checkpointable(cfg)
+
+
+def _check_checkpointable(cfg: TrainConfig) -> None:
+    """trainer.activation_checkpointing's limits, refused before any process starts."""
+    if cfg.trainer.compile:
+        raise ValueError(
+            "trainer.activation_checkpointing=true cannot be combined with trainer.compile=true: BatchNorm's "
+            "recomputation reuses the first forward's statistics through Python bookkeeping that torch.compile "
+            "does not trace, so a compiled recomputation would repeat SyncBN's collective and update the running "
+            "statistics twice; use one of the two"
+        )
+    if cfg.model.name == "torchvision":
+        from torchvision import models
+
+        builder = models.get_model_builder(cfg.model.arch) if cfg.model.arch else None
+        if builder is None or builder.__module__ != models.resnet.__name__:
+            raise ValueError(
+                f"trainer.activation_checkpointing=true: model=torchvision model.arch={cfg.model.arch}: only "
+                "torchvision's ResNet family (resnet*, resnext*, wide_resnet*) has stages known to the trainer; "
+                "use model=timm (timm's own checkpointing) or set trainer.activation_checkpointing=false"
+            )
 
 
 def _check_compilable(cfg: TrainConfig) -> None:

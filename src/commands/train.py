@@ -43,6 +43,8 @@ from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.logger import setup_logging
 from src.models import build_model
+from src.models.activation_checkpointing import enable_activation_checkpointing
+from src.models.registry import MODELS
 from src.models.norms import NormSync
 
 log = logging.getLogger("src.commands.train")
@@ -143,6 +145,9 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     """The model as training starts from it: the same initial weights on every rank, norm groups formed."""
     seed_everything(config.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(config.model, config.norm, num_classes).to(device, PRECISIONS[config.trainer.dtype])
+    if config.trainer.activation_checkpointing:
+        regions = enable_activation_checkpointing(model, MODELS.get(config.model.name).info["family"])
+        log.info("activation checkpointing: %s", ", ".join(regions))
     norm_sync = NormSync(model, config.norm, config.trainer.dist_timeout_s)  # collective with norm.group_size
     if config.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -5,10 +5,11 @@ device (running stats updated there) -> normalise. Backward: local [sum dy, sum 
 all_reduce -> dx. The kernels (csrc/syncbn.h) never branch on the device; neither does this file.
 
 torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
-implementations (fake_kernels.py), the collectives are functional collectives on a group name, and
-nothing here reads a device value on the host except when this rank holds at most one value per
-channel (then the global count decides whether F.batch_norm's "more than 1 value" error applies; that
-check is an operator too, so it stays in the graph).
+implementations (fake_kernels.py), the two elementwise ones replaced while tracing by their aten form
+(fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives are
+functional collectives on a group name; and nothing here reads a device value on the host except when
+this rank holds at most one value per channel (then the global count decides whether F.batch_norm's
+"more than 1 value" error applies; that check is an operator too, so it stays in the graph).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from . import collectives
+from . import collectives, fusable
 from .fake_kernels import OP_NAMES, register_fakes
+from .recompute import ForwardStatistics
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,30 @@ def _check_more_than_one_value(
     return _require_more_than_one_value(gathered, list(x.shape))
 
 
+def _global_statistics(
+    ops: KernelOps,
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    group_name: str,
+    world_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, invstd, count) over the group: local Welford stats, one all_gather, Chan merge (running stats updated)."""
+    local_count = x.numel() // x.shape[1]
+    local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
+    if world_size > 1:
+        gathered = collectives.all_gather_stats(local, group_name, world_size)
+    else:
+        gathered = local.view(1, -1)
+    gathered = _check_more_than_one_value(x, local_count, gathered)
+    return ops.batch_norm_gather_stats(
+        gathered, running_mean, running_var, num_batches_tracked, momentum, eps, x.dtype == torch.float64,
+    )
+
+
 class SyncBatchNormFunction(torch.autograd.Function):
     """Batch norm over the concatenated batches of a process group (exact for any split)."""
 
@@ -202,28 +228,30 @@ class SyncBatchNormFunction(torch.autograd.Function):
         eps: float,
         group_name: str,
         world_size: int,
+        record: Optional[ForwardStatistics] = None,
+        replay: Optional[ForwardStatistics] = None,
     ) -> torch.Tensor:
         ops = kernel_ops()
         fmt = kernel_memory_format(input)
         x = input.contiguous(memory_format=fmt)  # returns x itself when already in that layout
-        channels = x.shape[1]
-        local_count = x.numel() // channels
 
-        local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
-        if world_size > 1:
-            gathered = collectives.all_gather_stats(local, group_name, world_size)
+        if replay is not None:
+            # A checkpoint's recomputation (recompute.py): the first forward's global statistics, so no
+            # collective and no second running-statistics update.
+            mean, invstd, count = replay.stats()
         else:
-            gathered = local.view(1, -1)
-        gathered = _check_more_than_one_value(x, local_count, gathered)
-
-        mean, invstd, count = ops.batch_norm_gather_stats(
-            gathered, running_mean, running_var, num_batches_tracked, momentum, eps,
-            x.dtype == torch.float64,
-        )
+            mean, invstd, count = _global_statistics(
+                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size)
+            if record is not None:
+                record.mean, record.invstd, record.count = mean, invstd, count
+                ctx.record = record  # the autograd node owns it: it lives exactly as long as the graph
         # Also on a rank with an empty batch (the kernel then returns an empty y): y must depend on
         # the gathered statistics, or a compiled graph would drop the all_gather as dead code on
         # that rank (functional collectives are pure ops) while its peers wait in it.
-        y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
+        if fusable.FUSE_FORWARD and torch.compiler.is_compiling() and x.numel() > 0:
+            y = fusable.batch_norm_elemt(x, weight, bias, mean, invstd)  # aten ops Inductor fuses with neighbours
+        else:
+            y = ops.batch_norm_elemt(x, weight, bias, mean, invstd)
 
         ctx.save_for_backward(x, weight, mean, invstd, count)
         ctx.group_name, ctx.world_size, ctx.fmt = group_name, world_size, fmt
@@ -234,6 +262,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         x, weight, mean, invstd, count = ctx.saved_tensors
+        record = getattr(ctx, "record", None)
+        if record is not None:
+            record.consumed = True  # no later recomputation can belong to this forward
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         ops = kernel_ops()
         channels = x.shape[1]
@@ -253,8 +284,11 @@ class SyncBatchNormFunction(torch.autograd.Function):
             # the forward, dx depends on its result even when empty, so no graph drops it.
             if ctx.world_size > 1:
                 reduced = collectives.all_reduce_grads(reduced, ctx.group_name)
-            grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
+            if fusable.FUSE_BACKWARD and torch.compiler.is_compiling() and x.numel() > 0:
+                grad_input = fusable.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
+            else:
+                grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
 
 
 def sync_batch_norm(
@@ -268,9 +302,15 @@ def sync_batch_norm(
     eps: float,
     group_name: str,
     world_size: int,
+    record: Optional[ForwardStatistics] = None,
+    replay: Optional[ForwardStatistics] = None,
 ) -> torch.Tensor:
-    """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked)."""
+    """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked).
+
+    `record` receives this forward's global statistics; `replay` supplies a first forward's instead of
+    computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
+    """
     return SyncBatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
-        world_size,
+        world_size, record, replay,
     )

@@ -14,6 +14,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .collectives import resolve_group
 from .functions import sync_batch_norm
+from .recompute import ledger_of, recomputing
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -82,7 +83,17 @@ class SyncBatchNorm(_BatchNorm):
                 "torch.nn.parallel.DistributedDataParallel instead"
             )
 
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+        # An activation checkpoint's recomputation of a training forward reuses that forward's
+        # statistics (recompute.py): no collective, no second count or running-statistics update.
+        # Compiled graphs never see this bookkeeping (config validation refuses compile + checkpointing).
+        record = replay = None
+        if self.training and not torch.compiler.is_compiling():
+            if recomputing():
+                replay = ledger_of(self).take(type(self).__name__)
+            elif torch.is_grad_enabled():
+                record = ledger_of(self).record()
+
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None and replay is None:
             # Counted before the statistics, as _BatchNorm does; the cumulative average
             # (momentum=None) reads it on the device, so no host sync here.
             self.num_batches_tracked.add_(1)
@@ -104,10 +115,11 @@ class SyncBatchNorm(_BatchNorm):
             momentum = float(self.momentum)
         else:  # cumulative average: the kernel uses 1 / num_batches_tracked (negative = that mode)
             momentum = -1.0 if num_batches_tracked is not None else 0.0
-        group_name, world_size = self._sync_group()
+        # A replay communicates nothing, and must not advance sync_every's forward counter.
+        group_name, world_size = ("", 1) if replay is not None else self._sync_group()
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
-            momentum, float(self.eps), group_name, world_size,
+            momentum, float(self.eps), group_name, world_size, record, replay,
         )
 
     def _sync_group(self) -> tuple[str, int]:

@@ -124,3 +124,14 @@ def test_segmentation_model_with_classification_data_is_refused() -> None:
 def test_mixup_on_segmentation_is_refused() -> None:
     with pytest.raises(ValueError, match="mixup_alpha"):
         validate_config(_compose(["model=deeplabv3_resnet18", "data=shapes_seg", "trainer.mixup_alpha=0.2"]))
+
+
+def test_activation_checkpointing_refuses_compile_and_unknown_torchvision_stages() -> None:
+    on = "trainer.activation_checkpointing=true"
+    assert validate_config(_compose([on])).trainer.activation_checkpointing is True
+    assert validate_config(_compose([])).trainer.activation_checkpointing is False
+    with pytest.raises(ValueError, match="activation_checkpointing=true cannot be combined with trainer.compile"):
+        validate_config(_compose([on, "trainer.compile=true"]))
+    assert validate_config(_compose([on, "model=torchvision", "model.arch=resnext50_32x4d"]))
+    with pytest.raises(ValueError, match="model.arch=vgg11: only torchvision's ResNet family"):
+        validate_config(_compose([on, "model=torchvision", "model.arch=vgg11"]))
