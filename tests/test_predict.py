@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from src.engine.checkpoint.files import load_checkpoint, save_checkpoint
+from src.engine.checkpoint.files import atomic_write_bytes, load_checkpoint, serialize
 from src.data.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
@@ -225,7 +225,7 @@ def test_checkpoint_without_class_names_predicts_numbered_classes(walkthrough: P
 
     ckpt = load_checkpoint(walkthrough / "outputs" / "demo_classify" / "checkpoints" / "last.pt")
     del ckpt["class_names"]  # as written before checkpoints stored them
-    save_checkpoint(ckpt, tmp_path / "old.pt")
+    atomic_write_bytes(serialize(ckpt), tmp_path / "old.pt")
     one = next((walkthrough / "demo" / "classify" / "val").rglob("*.jpg"))
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         cfg = compose("predict", overrides=[f"ckpt={tmp_path / 'old.pt'}", f"input={one}", f"out={tmp_path / 'o'}",
