@@ -22,7 +22,7 @@ from src.engine.seeding import capture_rng_state, restore_rng_state
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 WRITER = textwrap.dedent("""
     import sys, torch

@@ -35,7 +35,7 @@ from tests.engine.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow  # real torchrun trainings and predictions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "data.md"
 TIMEOUT_S = 300
 PROB_ATOL = 1e-5
@@ -77,7 +77,7 @@ def run_documented(argv: list[str], cwd: Path) -> str:
 def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh folder in which every command of the walk-through ran, in order."""
     cwd = tmp_path_factory.mktemp("own_data")
-    commands = documented_block("run by tests/test_predict.py")
+    commands = documented_block("run by tests/commands/test_predict.py")
     assert [Path(a).name for c in commands for a in c if a.endswith(".py")] == [
         "make_demo_folders.py", "train.py", "predict.py", "train.py", "predict.py"]
     for argv in commands:
