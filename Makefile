@@ -10,7 +10,13 @@ ARGS     ?=
 
 setup: $(VENV)/.installed
 
+# A fresh Debian/Ubuntu machine has python3 without its venv module (and ensurepip): say which package
+# to install instead of leaving the user a traceback. The same for the headers the extension compiles against.
 $(VENV)/.installed: requirements.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (Debian/Ubuntu: apt-get install python3)" >&2; exit 1; }
+	@V=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	 $(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { echo "$(PYTHON) $$V cannot create a virtual environment (no venv/ensurepip module): install python$$V-venv (Debian/Ubuntu: apt-get install python$$V-venv, or python3-venv when python3 is $$V), then run make again" >&2; exit 1; }; \
+	 $(PYTHON) -c 'import sysconfig, os, sys; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path("include", scheme="posix_prefix"), "Python.h")))' || echo "note: the Python $$V headers (Python.h) are missing; the SyncBN extension will not build until you install python$$V-dev (Debian/Ubuntu; python3-dev when python3 is $$V)" >&2
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt

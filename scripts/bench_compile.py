@@ -101,7 +101,7 @@ def paired(norm: str, rounds: int, mode: str, channels_last: bool = False) -> di
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from src import dist, process_group
+    from src import dist
     from src.models import build_model
     from src.models.config import ModelConfig, NormConfig
 
@@ -212,7 +212,7 @@ def main() -> None:
     if args.paired_worker:  # one rank of --paired --world N, under torchrun
         import torch
 
-        from src import dist
+        from src import dist, process_group
 
         process_group.init_distributed(torch.device("cpu"), timeout_s=1800.0, init_timeout_s=300.0)
         results = [paired(norm, args.rounds, args.mode, args.channels_last) for norm in args.norms.split(",")]

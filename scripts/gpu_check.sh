@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation in one go (DESIGN.md section 7): build the SyncBN extension for this GPU, run the tests
+# GPU validation in one go (`make gpu-check`, docs/gpu.md): build the SyncBN extension for this GPU, run the tests
 # marked `cuda`, benchmark our kernels against PyTorch's, and leave logs + JSON in OUTDIR.
 #
 #   bash scripts/gpu_check.sh OUTDIR

@@ -25,10 +25,10 @@ from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.early_stop_hook import EarlyStopHook
 from src.engine.ema import build_ema
 from src.engine.evaluation.evaluator import evaluate
-from src.engine.hooks import (CheckpointHook, EvalHook, Hook, MetricsHook, NormSyncHook, SampleGridHook,
-                              StopAtMaxSteps)
+from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
 from src.engine.losses import build_loss
-from src.engine.norm_health import buffer_sync_mode, check_norm_health
+from src.engine.norm_health import check_norm_health
+from src.engine.norm_sync import NormSync, NormSyncHook, buffer_sync_mode
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
@@ -45,7 +45,6 @@ from src.logger import setup_logging
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
-from src.models.norms import NormSync
 
 log = logging.getLogger("src.commands.train")
 

@@ -1,7 +1,6 @@
 """DataConfig: the `data` group of the Hydra config, with validation that names the key and the fix."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -123,10 +122,6 @@ class DataConfig:
         check = entry.info.get("check")
         if check is not None:
             check(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict of the fields (for logs and checkpoints)."""
-        return dataclasses.asdict(self)
 
 
 AUTO_AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")

@@ -61,15 +61,6 @@ class TrainBatchSampler(Sampler[list[tuple[int, int]]]):
             raise ValueError(f"micro_batch_index must be in [0, {len(self)}], got {micro_batch_index}")
         self._start = int(micro_batch_index)
 
-    def state_dict(self) -> dict[str, int]:
-        """Epoch and start position, for checkpoints."""
-        return {"epoch": self.epoch, "start": self._start}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore what state_dict returned."""
-        self.set_epoch(state["epoch"])
-        self.set_start(state["start"])
-
     def permutation(self, epoch: int) -> torch.Tensor:
         """The dataset order of `epoch`: the same on every rank and for every world size."""
         if not self.shuffle:

@@ -12,9 +12,10 @@ A hook is an object with any of four methods; each receives the Trainer and runs
     after_train(trainer)    once, however the loop ended: normally, by a stop request, or by an error
                             (it runs in a `finally`; the error propagates once every hook has run)
 
-Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook, MetricsHook, StopAtMaxSteps,
-SampleGridHook, EvalHook, EarlyStopHook (with trainer.early_stop.metric), CheckpointHook, then CompileReport
-(with trainer.compile) and PreemptionHook last: evaluation runs before the checkpoint that records its metrics.
+Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook (norm_sync.py), MetricsHook,
+StopAtMaxSteps, SampleGridHook, EvalHook, EarlyStopHook (with trainer.early_stop.metric, early_stop_hook.py),
+CheckpointHook, then CompileReport (with trainer.compile, compile.py) and PreemptionHook (preemption.py) last:
+evaluation runs before the checkpoint that records its metrics.
 
 Controlling the loop from a hook:
 
@@ -49,7 +50,6 @@ from src.engine.checkpoint.state import TrainState
 from src.engine.norm_health import check_norm_health
 from src.engine.optim import current_lr
 from src.engine.tracking import Tracker
-from src.models.norms import NormSync
 
 log = logging.getLogger(__name__)
 
@@ -109,20 +109,6 @@ class Hook:
 
     def after_train(self, trainer: TrainerView) -> None:
         """Once, after the loop."""
-
-
-class NormSyncHook(Hook):
-    """Tells norm=syncbn's layers how many optimizer steps are done (norm.sync_until_step), after a resume
-    and after every step; a no-op for every other norm setting."""
-
-    def __init__(self, norm_sync: NormSync) -> None:
-        self.norm_sync = norm_sync
-
-    def before_train(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
-
-    def after_step(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
 
 
 class MetricsHook(Hook):

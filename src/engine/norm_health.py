@@ -1,4 +1,4 @@
-"""Norm health: count normalisation layers, check replicas are identical, sync per-rank BN buffers.
+"""Norm health: count normalisation layers and check that every rank holds the same tensors.
 
 Replicas drifting apart is silent in DDP: gradients are averaged, but anything that is not a
 gradient (BN running statistics with per-rank BN, a buffer written by only one rank, a bad seed)
@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
-
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from src import dist
 from src.models import count_norm_layers
-from src.models.norms import per_rank_statistics
 
 log = logging.getLogger(__name__)
 
@@ -37,36 +33,6 @@ def mismatched_tensors(model: nn.Module) -> list[str]:
     per_rank = dist.all_gather_object(tensor_digests(model))
     reference = per_rank[0]
     return sorted({name for digests in per_rank[1:] for name, d in digests.items() if reference.get(name) != d})
-
-
-def buffer_sync_mode(cfg: Any) -> str:
-    """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
-    when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
-    src.models.norms.per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
-    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
-        return cfg.trainer.norm_buffer_sync
-    return "none"
-
-
-def sync_bn_buffers(model: nn.Module, mode: str) -> int:
-    """Make BN running statistics equal on all ranks: "reduce" averages them, "broadcast" takes rank 0's.
-
-    Needed only for per-rank BN (norm=bn without DDP's broadcast_buffers): each rank's running stats
-    then saw only its own shard. Returns the number of layers synchronised (a collective).
-    """
-    if mode == "none" or dist.get_world_size() == 1:
-        return 0
-    layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
-              and m.running_mean is not None]
-    for layer in layers:
-        for buf in (layer.running_mean, layer.running_var):
-            if mode == "reduce":
-                flat = buf.detach().double()
-                dist.all_reduce(flat, "mean")
-            else:
-                flat = dist.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
-            buf.copy_(flat.to(buf.dtype))
-    return len(layers)
 
 
 def check_norm_health(model: nn.Module, when: str, strict: bool) -> list[str]:

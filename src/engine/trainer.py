@@ -31,7 +31,7 @@ from src.engine.amp import PRECISIONS, autocast
 from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.finite import FiniteGuard
 from src.engine.hooks import Hook, StepOutput
-from src.engine.norm_health import sync_bn_buffers
+from src.engine.norm_sync import sync_bn_buffers
 from src.engine.optim import current_lr
 from src.engine.checkpoint.state import TrainState
 from src.logger import progress
@@ -114,7 +114,7 @@ class Trainer:
         state = self.state
         best_name, dropped = None, []
         if state.metrics and self.saver is not None:
-            state.best, best_name, dropped = self.saver.rank(state.best, state.progress.step, state.metrics)
+            state.best, best_name, dropped = self.saver.best_k_update(state.best, state.progress.step, state.metrics)
         data = state.state_dict()  # collective (RNG states of every rank)
         path = None
         if dist.is_main_process() and self.saver is not None:

@@ -42,6 +42,7 @@ import os
 import platform
 import shutil
 import sys
+import sysconfig
 import time
 import traceback
 from collections.abc import Mapping
@@ -214,6 +215,12 @@ def make_emulated_spec() -> BuildSpec:
                      cpu_capability="default", cuda_arch_list=None)
 
 
+def python_include_dir() -> Path:
+    """Where this interpreter's C headers (Python.h) are: the folder torch.utils.cpp_extension puts on the
+    compile line (the posix_prefix scheme, not a distribution's /usr/local install scheme)."""
+    return Path(sysconfig.get_path("include", scheme="posix_prefix"))
+
+
 def check_build_tools(spec: BuildSpec) -> None:
     """Raise ExtensionBuildError naming the missing tool and how to install it."""
     if shutil.which("ninja") is None:
@@ -226,6 +233,13 @@ def check_build_tools(spec: BuildSpec) -> None:
             f"Building the SyncBN extension needs a C++ compiler, but {cxx!r} (from $CXX, default "
             "'c++') is not on PATH. Install one, e.g. `apt-get install g++` (Debian/Ubuntu) or "
             "`dnf install gcc-c++`, or point CXX at an existing compiler.")
+    include = python_include_dir()
+    if not (include / "Python.h").is_file():  # else a bare "Python.h: No such file" deep in the compile log
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        raise ExtensionBuildError(
+            f"Building the SyncBN extension needs the Python {version} headers (Python.h, for its Python "
+            f"module), but {include} has no Python.h. Install them: `apt-get install python{version}-dev` "
+            f"(Debian/Ubuntu; python3-dev when python3 is {version}) or `dnf install python3-devel`.")
     if spec.with_cuda:
         search = toolkit.find_cuda_toolkit()
         if search.toolkit is None:

@@ -1,4 +1,4 @@
-"""The SyncBN autograd Function: the maths order of DESIGN.md section 3 and its two collectives.
+"""The SyncBN autograd Function: the maths of docs/syncbn.md and its two collectives (one forward, one backward).
 
 Forward (training): local Welford stats -> one all_gather of packed [n, mean, M2] -> Chan merge on the
 device (running stats updated there) -> normalise. Backward: local [sum dy, sum dy*xhat] -> one
@@ -101,11 +101,7 @@ def _kernels_from_env(choice: str) -> KernelOps:
     if ops is None:
         from . import extension
 
-        load = getattr(extension, "emulated_cuda_ops", None)
-        if load is None:
-            raise RuntimeError(f"{KERNELS_ENV}=cuda-emulated needs the CUDA emulation build "
-                               "(src.syncbn.extension.emulated_cuda_ops), which this checkout does not have")
-        ops = _FROM_ENV[choice] = KernelOps.from_module(load())
+        ops = _FROM_ENV[choice] = KernelOps.from_module(extension.emulated_cuda_ops())
     return ops
 
 

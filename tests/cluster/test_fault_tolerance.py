@@ -66,7 +66,7 @@ numel = int(sys.argv[2])
 step = 0
 while True:
     step += 1
-    saver.save_last({"step": step, "model": {"w": torch.full((numel,), float(step))}})
+    saver.write({"step": step, "model": {"w": torch.full((numel,), float(step))}})
     print(step, flush=True)
 """
 _PAYLOAD_NUMEL = 16 * 2**20  # 64 MiB of float32: the write takes long enough to be caught in the middle

@@ -127,7 +127,7 @@ def test_signal_during_a_checkpoint_write_lets_it_finish(tmp_path: Path) -> None
     with Preemption(["SIGUSR1"]) as preemption:
         timer = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGUSR1))
         timer.start()
-        path = saver.save_last(payload)
+        path = saver.write(payload)
         written = time.monotonic()
         timer.join()
         time.sleep(0.05)

@@ -133,7 +133,7 @@ def test_checkpoint_moves_between_bn_syncbn_frozen_bn(model_cfg: dict) -> None:
 
 
 def test_syncbn_model_runs_in_one_process_like_bn() -> None:
-    """Without a process group our SyncBN is plain BatchNorm (DESIGN.md section 2)."""
+    """Without a process group our SyncBN is plain BatchNorm (the contract in docs/syncbn.md)."""
     syncbn_types()
     torch.manual_seed(0)
     bn = build_model({"name": "resnet20"}, {"name": "bn"}, 10).double()

@@ -139,3 +139,20 @@ def test_failed_build_raises_on_every_process(tmp_path):
     for r in results:
         assert r.returncode != 0
         assert "ExtensionBuildError" in r.stderr and "Building the SyncBN extension syncbn_test_tiny" in r.stderr, r.stderr
+
+
+def test_missing_python_headers_name_the_package_to_install(tmp_path, monkeypatch):
+    # A fresh Debian/Ubuntu machine has python3 but not python3-dev: without the check the user gets
+    # "fatal error: Python.h: No such file or directory" from inside the ninja log.
+    monkeypatch.setattr(extension, "python_include_dir", lambda: tmp_path)
+    with pytest.raises(extension.ExtensionBuildError) as info:
+        extension.check_build_tools(extension.make_spec(with_cuda=False))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"{tmp_path} has no Python.h" in str(info.value)
+    assert f"apt-get install python{version}-dev" in str(info.value) and "python3-dev" in str(info.value)
+    (tmp_path / "Python.h").write_text("")
+    extension.check_build_tools(extension.make_spec(with_cuda=False))  # present: no complaint
+
+
+def test_python_include_dir_holds_this_interpreters_headers():
+    assert (extension.python_include_dir() / "Python.h").is_file()

@@ -74,11 +74,6 @@ def serialize(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Atomically write one checkpoint file."""
-    atomic_write_bytes(serialize(state), path)
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint file (weights_only=True); a missing, truncated or foreign file is an error naming it."""
     path = Path(path)
@@ -104,7 +99,8 @@ class CheckpointSaver:
         self.keep_best = keep_best
         self.higher_is_better = metric != "loss"
 
-    def rank(self, best: list[list], step: int, metrics: dict[str, float]) -> tuple[list[list], str | None, list[str]]:
+    def best_k_update(self, best: list[list], step: int, metrics: dict[str, float]
+                      ) -> tuple[list[list], str | None, list[str]]:
         """Best-k bookkeeping for an evaluation at `step`: (new best list, new file name or None, dropped names).
 
         Pure (no files touched), so every rank can keep the same list; only rank 0 writes.
@@ -128,16 +124,6 @@ class CheckpointSaver:
         path = self.dir / LAST_NAME
         atomic_write_bytes(data, path)
         return path
-
-    def save_last(self, state: dict[str, Any]) -> Path:
-        """Write `last.pt` (atomically)."""
-        return self.write(state)
-
-    def save(self, state: dict[str, Any], metrics: dict[str, float] | None) -> Path:
-        """Write `last.pt`, and a best-k file when `metrics` rank among the k best (`state["best"]` updated)."""
-        best, name, dropped = self.rank(state.get("best", []), int(state["step"]), metrics or {})
-        state["best"] = best
-        return self.write(state, name, dropped)
 
     def _is_top_k(self, best: list[list], value: float) -> bool:
         if len(best) < self.keep_best:

@@ -22,15 +22,17 @@ from src.engine.seeding import capture_rng_state, restore_rng_state
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 WRITER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
-    from src.engine.checkpoint.files import save_checkpoint
+    from pathlib import Path
+    from src.engine.checkpoint.files import CheckpointSaver
+    saver = CheckpointSaver(Path({path!r}).parents[1], "top1", keep_best=0)
     i = 0
     while True:  # rewrite last.pt forever with a ~24 MB payload tagged by its generation
-        save_checkpoint({{"generation": i, "payload": torch.full((6_000_000,), float(i))}}, {path!r})
+        saver.write({{"generation": i, "payload": torch.full((6_000_000,), float(i))}})
         print(i, flush=True)
         i += 1
 """)
@@ -76,8 +78,8 @@ def _training_state(norm: str = "bn") -> dict:
 
 def test_full_training_state_loads_with_weights_only(tmp_path: Path) -> None:
     state = _training_state()
-    ckpt_io.save_checkpoint(state, tmp_path / "last.pt")
-    loaded = ckpt_io.load_checkpoint(tmp_path / "last.pt")  # weights_only=True inside
+    path = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=0).write(state)
+    loaded = ckpt_io.load_checkpoint(path)  # weights_only=True inside
     assert loaded["scheduler"] == state["scheduler"]
     assert loaded["sampler"] == state["sampler"] and loaded["config"] == state["config"]
     for key, value in state["model"].items():
@@ -97,9 +99,8 @@ def test_best_k_keeps_the_k_best_and_last(tmp_path: Path) -> None:
     saver = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=2)
     best: list = []
     for epoch, top1 in enumerate([10.0, 30.0, 20.0, 5.0, 40.0]):
-        state = {"epoch": epoch, "step": epoch * 10, "best": best}
-        saver.save(state, {"top1": top1})
-        best = state["best"]
+        best, name, dropped = saver.best_k_update(best, epoch * 10, {"top1": top1})  # what Trainer does
+        saver.write({"epoch": epoch, "step": epoch * 10, "best": best}, name, dropped)
     files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert "last.pt" in files
     assert [v for v, _ in best] == [40.0, 30.0]
@@ -107,9 +108,9 @@ def test_best_k_keeps_the_k_best_and_last(tmp_path: Path) -> None:
     assert ckpt_io.load_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == best
     # A loss ranks the other way round, and a save without metrics only rewrites last.pt.
     low = ckpt_io.CheckpointSaver(tmp_path / "low", "loss", keep_best=1)
-    ranked, name, dropped = low.rank([[2.0, "a.pt"]], 7, {"loss": 1.5})
+    ranked, name, dropped = low.best_k_update([[2.0, "a.pt"]], 7, {"loss": 1.5})
     assert ranked == [[1.5, name]] and dropped == ["a.pt"] and name.startswith("best_step0000007_loss1.5000")
-    assert low.rank(ranked, 8, {}) == (ranked, None, [])
+    assert low.best_k_update(ranked, 8, {}) == (ranked, None, [])
 
 
 def test_syncbn_checkpoint_loads_into_bn_and_back() -> None:

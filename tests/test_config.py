@@ -13,7 +13,7 @@ import src.config  # noqa: F401  (registers train_schema)
 from src.config import TrainConfig, validate_config
 from src.data import dataset_task
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _options(group: str) -> list[str]:

@@ -15,7 +15,7 @@ import torch
 
 from src.engine.checkpoint.files import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
 
 # 192 training images of 16x16, global batch 16: 12 optimizer steps per epoch; 101 validation images

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from src.commands.predict import run
 from src.commands.predict_io import list_inputs, mask_names, write_predictions_csv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _touch(path: Path, data: bytes = b"x") -> None:

@@ -29,13 +29,13 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from src.engine.checkpoint.files import load_checkpoint, save_checkpoint
+from src.engine.checkpoint.files import atomic_write_bytes, load_checkpoint, serialize
 from src.data.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow  # real torchrun trainings and predictions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "data.md"
 TIMEOUT_S = 300
 PROB_ATOL = 1e-5
@@ -77,7 +77,7 @@ def run_documented(argv: list[str], cwd: Path) -> str:
 def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh folder in which every command of the walk-through ran, in order."""
     cwd = tmp_path_factory.mktemp("own_data")
-    commands = documented_block("run by tests/test_predict.py")
+    commands = documented_block("run by tests/commands/test_predict.py")
     assert [Path(a).name for c in commands for a in c if a.endswith(".py")] == [
         "make_demo_folders.py", "train.py", "predict.py", "train.py", "predict.py"]
     for argv in commands:
@@ -225,7 +225,7 @@ def test_checkpoint_without_class_names_predicts_numbered_classes(walkthrough: P
 
     ckpt = load_checkpoint(walkthrough / "outputs" / "demo_classify" / "checkpoints" / "last.pt")
     del ckpt["class_names"]  # as written before checkpoints stored them
-    save_checkpoint(ckpt, tmp_path / "old.pt")
+    atomic_write_bytes(serialize(ckpt), tmp_path / "old.pt")
     one = next((walkthrough / "demo" / "classify" / "val").rglob("*.jpg"))
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         cfg = compose("predict", overrides=[f"ckpt={tmp_path / 'old.pt'}", f"input={one}", f"out={tmp_path / 'o'}",

@@ -27,7 +27,7 @@ from src.commands.evaluate import run
 from src.engine.checkpoint.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 TIMEOUT_S = 300
 

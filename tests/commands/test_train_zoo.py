@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from src.engine.checkpoint.files import load_checkpoint
-from tests.test_train import REPO, TINY, launch, rows
+from tests.commands.test_train import REPO, TINY, launch, rows
 
 # 4 optimizer steps of 2 x 8 images, one evaluation: enough to run every part of the loop once.
 SHORT = [*TINY, "norm=syncbn", "data.batch_size=8", "trainer.epochs=1", "trainer.max_steps=4", "trainer.log_every=1",

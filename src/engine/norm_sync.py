@@ -1,0 +1,97 @@
+"""Norm synchronisation in a training run, in one place: which BatchNorm statistics can differ between ranks,
+SyncBN's process groups and step-dependent modes (norm.group_size, norm.sync_until_step), and making per-rank
+running statistics equal before evaluations and checkpoints (trainer.norm_buffer_sync).
+
+The layers themselves synchronise inside their forward (src/syncbn/); this module is the training loop's
+side of it. Checking that ranks agree is src/engine/norm_health.py's job.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from src import dist
+from src.engine.hooks import Hook, TrainerView
+from src.models.config import NormConfig
+from src.syncbn import create_rank_groups, create_stats_group, set_optimizer_step
+
+
+def per_rank_statistics(norm_cfg: NormConfig, world_size: int) -> bool:
+    """True when BatchNorm running statistics may differ between ranks, so they need syncing before evaluation:
+    norm=bn, or norm=syncbn with groups smaller than the world or with sync_every / sync_until_step."""
+    if world_size == 1 or norm_cfg.name not in ("bn", "syncbn"):
+        return False
+    return norm_cfg.name == "bn" or ((norm_cfg.group_size or world_size) < world_size or norm_cfg.sync_every > 1
+                                     or norm_cfg.sync_until_step is not None)
+
+
+def buffer_sync_mode(cfg: Any) -> str:
+    """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
+    when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
+    per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
+    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
+        return cfg.trainer.norm_buffer_sync
+    return "none"
+
+
+def sync_bn_buffers(model: nn.Module, mode: str) -> int:
+    """Make BN running statistics equal on all ranks: "reduce" averages them, "broadcast" takes rank 0's.
+
+    Needed only for per-rank BN (norm=bn without DDP's broadcast_buffers): each rank's running stats
+    then saw only its own shard. Returns the number of layers synchronised (a collective).
+    """
+    if mode == "none" or dist.get_world_size() == 1:
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+              and m.running_mean is not None]
+    for layer in layers:
+        for buf in (layer.running_mean, layer.running_var):
+            if mode == "reduce":
+                flat = buf.detach().double()
+                dist.all_reduce(flat, "mean")
+            else:
+                flat = dist.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
+            buf.copy_(flat.to(buf.dtype))
+    return len(layers)
+
+
+class NormSync:
+    """The training loop's side of norm=syncbn's groups and modes, for one model (one object per run).
+
+    Built on every rank after init_distributed and the model build: creates norm.group_size's groups (a
+    collective; every rank creates every group once). `on_step(step)` tells the layers how many optimizer
+    steps are done (norm.sync_until_step); call it after each step and after a resume.
+    """
+
+    def __init__(self, model: nn.Module, norm_cfg: NormConfig, timeout_s: float | None = None) -> None:
+        self.model = model
+        self.norm_cfg = norm_cfg
+        self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
+        if norm_cfg.name == "syncbn" and dist.is_initialized():
+            if norm_cfg.group_size is not None:
+                create_rank_groups(norm_cfg.group_size, timeout_s)
+            else:
+                # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
+                # (docs/benchmarks.md, "SyncBN's synchronisation cost").
+                create_stats_group(timeout_s)
+
+    def on_step(self, step: int) -> None:
+        """Optimizer steps done so far (the same number on every rank)."""
+        if self.tracks_steps:
+            set_optimizer_step(self.model, step)
+
+
+class NormSyncHook(Hook):
+    """Tells norm=syncbn's layers how many optimizer steps are done (norm.sync_until_step), after a resume
+    and after every step; a no-op for every other norm setting."""
+
+    def __init__(self, norm_sync: NormSync) -> None:
+        self.norm_sync = norm_sync
+
+    def before_train(self, trainer: TrainerView) -> None:
+        self.norm_sync.on_step(trainer.state.progress.step)
+
+    def after_step(self, trainer: TrainerView) -> None:
+        self.norm_sync.on_step(trainer.state.progress.step)
