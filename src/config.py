@@ -17,8 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
-from src.engine.early_stop import EarlyStopConfig
-from src.engine.trackers.config import LoggerConfig
+from src.logger_config import LoggerConfig
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.signal_names import parse_signals
 
@@ -95,6 +94,49 @@ class SchedConfig:
             raise ValueError(f"sched.milestones must be increasing positive epochs, got {list(self.milestones)}")
         _positive("sched.gamma", self.gamma)
         _positive("sched.power", self.power)
+
+
+EARLY_STOP_MODES = ("max", "min", "auto")
+
+
+@dataclass
+class EarlyStopConfig:
+    """`trainer.early_stop`: off while `metric` is null."""
+
+    # A validation metric as metrics.jsonl's val rows name it (top1, miou, loss, ema_top1, iou_<class>),
+    # optionally written with TensorBoard's prefix: val/top1.
+    metric: Optional[str] = None
+    mode: str = "auto"  # max | min; auto: min for loss, max for every other metric
+    patience: int = 5  # evaluations without improvement before stopping
+    min_delta: float = 0.0  # an improvement must beat the best by more than this
+
+    def validate(self, task_metrics: tuple[str, ...], ema: bool, segmentation: bool) -> None:
+        """Raise ValueError naming the key when the settings cannot work for this task."""
+        if self.mode not in EARLY_STOP_MODES:
+            raise ValueError(f"trainer.early_stop.mode must be one of {list(EARLY_STOP_MODES)}, got {self.mode!r}")
+        if self.patience < 0:
+            raise ValueError(f"trainer.early_stop.patience must be >= 0, got {self.patience}")
+        if not self.min_delta >= 0:
+            raise ValueError(f"trainer.early_stop.min_delta must be >= 0, got {self.min_delta}")
+        if self.metric is None:
+            return
+        name = self.name
+        known = list(task_metrics) + ([f"ema_{m}" for m in task_metrics] if ema else [])
+        per_class = segmentation and (name.startswith("iou_") or (ema and name.startswith("ema_iou_")))
+        if name not in known and not per_class:
+            extra = " or iou_<class name>" if segmentation else ""
+            raise ValueError(f"trainer.early_stop.metric={self.metric!r} is not a validation metric of this run; "
+                             f"use one of {known}{extra} (a val/ prefix is allowed)")
+
+    @property
+    def name(self) -> str:
+        """The metric's key in the evaluation's dict (the val/ prefix removed)."""
+        return (self.metric or "").removeprefix("val/")
+
+    @property
+    def higher_is_better(self) -> bool:
+        """mode=max, or auto for anything but a loss."""
+        return self.mode == "max" or (self.mode == "auto" and not self.name.endswith("loss"))
 
 
 @dataclass

@@ -11,7 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from src import dist
-from src.engine.early_stop import EarlyStopConfig, EarlyStopState, decide
+from src.config import EarlyStopConfig
+from src.engine.early_stop import EarlyStopState, decide
 from src.engine.hooks import Hook
 
 if TYPE_CHECKING:

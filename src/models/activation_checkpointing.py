@@ -68,7 +68,7 @@ def enable_activation_checkpointing(model: nn.Module, family: str) -> list[str]:
     `family` is the model registry's family ("cifar_resnet", "resnet", "deeplabv3", "deeplabv3plus",
     "timm", "torchvision"). ValueError, naming the key, for a model whose stages are not known.
     """
-    from src.syncbn.recompute import guard_batchnorm_recompute
+    from src.syncbn.torch_bn_recompute import guard_batchnorm_recompute
 
     if family == "timm":
         regions = _enable_timm(model)

@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from src.config import validate_config
-from src.engine.early_stop import EarlyStopConfig, EarlyStopState, decide
+from src.config import EarlyStopConfig
+from src.engine.early_stop import EarlyStopState, decide
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

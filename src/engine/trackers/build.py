@@ -1,7 +1,7 @@
 """The experiment trackers a run's `logger` config asks for (TensorBoard excepted: the Tracker owns it)."""
 from __future__ import annotations
 
-from src.engine.trackers.config import LoggerConfig
+from src.logger_config import LoggerConfig
 from src.engine.trackers.sink import Sink
 
 

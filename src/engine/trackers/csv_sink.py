@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from src.engine.trackers.config import CsvLoggerConfig
+from src.logger_config import CsvLoggerConfig
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 
 FIXED = ["split", "epoch", "step", "time"]

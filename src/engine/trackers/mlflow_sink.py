@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from src.engine.trackers.config import MlflowLoggerConfig
+from src.logger_config import MlflowLoggerConfig
 from src.engine.trackers.params import flatten_config
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 

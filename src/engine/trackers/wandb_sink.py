@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from src.engine.trackers.config import WandbLoggerConfig
+from src.logger_config import WandbLoggerConfig
 from src.engine.trackers.sink import FINISHED, RunInfo, numeric_metrics
 
 log = logging.getLogger(__name__)
