@@ -87,11 +87,11 @@ BACKENDS = [*(pytest.param(f"emulated-{s}", marks=pytest.mark.cuda_emulated) for
 
 
 def load_backend(name: str) -> Backend:
-    """The kernels of backend `name` ("emulated-<schedule>" or "cuda")."""
+    """The kernels of backend `name` ("emulated-<schedule>", "emulated" = forward, or "cuda")."""
     from src.syncbn.extension import load_emulated_cuda_extension, load_extension
 
-    if name.startswith("emulated-"):
-        schedule = name.removeprefix("emulated-")
+    if name == "emulated" or name.startswith("emulated-"):
+        schedule = name.removeprefix("emulated").removeprefix("-") or "forward"
         ops = load_emulated_cuda_extension(H100)
         ops.set_schedule(schedule)
         return Backend(name, ops, "cpu", schedule)
