@@ -14,6 +14,7 @@
 #include "executor.h"
 #include "fiber.h"
 #include "probes.h"
+#include "schedule.h"
 
 namespace {
 
@@ -100,6 +101,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, py::arg("backend"), "Context-switch implementation of the emulated threads.");
   m.def("fibers", [] { return simt::fiber_backend() == simt::FiberBackend::kAsm ? "asm" : "ucontext"; });
   m.def("asm_fibers_available", &simt::asm_fibers_available);
+  m.def("set_schedule", [](const std::optional<std::string>& spec) {
+        simt::set_schedule(spec ? std::optional<simt::Schedule>(simt::parse_schedule(*spec, "set_schedule"))
+                                : std::nullopt);
+      }, py::arg("spec"),
+        "Lane, warp and block order of the next launches: 'forward', 'reverse', 'random' or 'random:SEED'; "
+        "None: SYNCTRAIN_SIMT_SCHEDULE (read per launch), else forward.");
+  m.def("schedule", [] { return simt::schedule_spec(simt::current_schedule()); },
+        "The schedule the next launch uses.");
+  m.def("set_race_detection", &simt::set_race_detection, py::arg("enabled"),
+        "Switch the shared-memory race detector and the global write-conflict check on or off.");
+  m.def("race_detection", &simt::race_detection);
   m.def("record_launches", &simt::record_launches, py::arg("enabled") = true,
         "Start (or stop) logging launches; drops the log.");
   m.def("launches", [] {
@@ -132,6 +144,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   p.def("dynamic_shared", &probes::dynamic_shared, py::arg("out"), py::arg("bytes"), py::arg("index"));
   p.def("launch", &probes::launch, py::arg("grid"), py::arg("block"), py::arg("shmem") = 0, py::arg("optin") = 0);
   p.def("half_written", &probes::half_written, py::arg("n"));
+  p.def("static_shared", &probes::static_shared, py::arg("out"));
+  p.def("order", &probes::order, py::arg("out"), py::arg("blocks"), py::arg("threads"));
+  p.def("race", &probes::race, py::arg("kind"), py::arg("fixed"), py::arg("threads"), py::arg("blocks") = 1);
   p.def("fault", &probes::fault, py::arg("kind"));
   p.def("fault_kinds", &probes::fault_kinds);
 }

@@ -1,14 +1,25 @@
 // Runs emulated launches: configuration checks, then each block's threads as fibers on the calling OS
 // thread, with the barrier, the warp-synchronous operations and the fault reports they need.
 //
-// Scheduling: a block's threads run in thread-index order, each until it blocks (barrier, shuffle) or
-// exits; a barrier or warp operation completes when its last participant arrives, which then runs on.
-// A lane that blocks in a warp operation, or exits, hands over straight to the next runnable lane of
-// its warp (one context switch, no pass of the scheduler: a warp's shuffles cost one switch per lane);
-// a thread that waits at a barrier returns to the scheduler, which runs the next runnable thread. If a
-// pass finds no runnable thread while some are blocked, the block is deadlocked (a barrier or shuffle
-// some thread never reaches): a fault.
+// Scheduling: blocks run one after another, and a block's threads one at a time, each until it blocks
+// (barrier, shuffle) or exits, in the orders the launch's schedule gives (schedule.h: block order,
+// warp order, lane order within each warp). A barrier or warp operation completes when its last
+// participant arrives, which then runs on. A lane that blocks in a warp operation, or exits, hands over
+// straight to the next runnable lane of its warp in lane order (one context switch, no pass of the
+// scheduler: a warp's shuffles cost one switch per lane); a thread that waits at a barrier returns to
+// the scheduler, which runs the next runnable thread. If a pass finds no runnable thread while some are
+// blocked, the block is deadlocked (a barrier or shuffle some thread never reaches): a fault.
+//
+// Memory: every load and store of the kernel code reaches on_access (race_hooks.cpp). Static
+// __shared__ variables are thread_local, i.e. inside this library's TLS block: the executor watches that
+// block as the static shared memory of the running block, poisoning (0xFF) each byte a block reads
+// before writing it, and both shared regions go through the race detector (race.h), as do the writes to
+// global memory. Executor code running on an emulated thread's fiber (barriers, shuffles, faults) is
+// not the kernel's: it runs with Thread::internal set, and its accesses are not looked at.
 #include <ATen/core/Tensor.h>
+
+#include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,7 +38,10 @@
 #include "fiber.h"
 #include "kernel_api.h"
 #include "launch.h"
+#include "race.h"
 #include "runtime_state.h"
+#include "schedule.h"
+#include "uninstrumented.h"
 
 namespace syncbn::simt {
 namespace detail {
@@ -59,6 +73,8 @@ struct Thread {
   State state = State::kReady;
   std::source_location where;  // where it waits
   WarpOp* op = nullptr;
+  int lane_pos = 0;  // position in its warp's lane order
+  int internal = 0;  // > 0 while executor code runs on this thread's fiber: accesses are not the kernel's
   Fiber fiber;
 };
 
@@ -102,6 +118,8 @@ class Executor {
   bool in_kernel() const { return current_ != nullptr; }
   Thread& current() { return *current_; }
   static void thread_main(void* arg);
+  void on_access(char* p, size_t bytes, bool write);
+  void on_kernel_access(Thread& t, char* p, size_t bytes, bool write);
 
  private:
   void run_block(uint3 block_idx);
@@ -113,8 +131,21 @@ class Executor {
     return std::string(kernel_->name) + " block " + detail::triple(t.view.block_idx) + " thread " + detail::triple(t.view.thread_idx);
   }
 
+  void shared_access(race::SharedShadow& shadow, Thread& t, char* p, size_t bytes, bool write);
+  void check_global_writes();
+  std::string who_else(int tid) const { return "thread " + detail::triple(threads_[size_t(tid)]->view.thread_idx); }
+
   const KernelLaunch* kernel_ = nullptr;
   dim3 grid_, block_;
+  std::vector<int> order_;                // the block's threads in running order
+  std::vector<std::vector<int>> lanes_;   // per warp, its threads in lane order
+  uint64_t block_linear_ = 0;
+  // Race detection (race.h) and the static shared memory (this library's TLS block on this OS thread).
+  bool detect_ = true;
+  race::WarpClocks clocks_;
+  race::SharedShadow static_shared_, dynamic_shared_;
+  race::GlobalWrites global_writes_;
+  const char* static_lo_touched_ = nullptr;  // lowest static shared address this launch accessed
   FiberBackend backend_ = FiberBackend::kAsm;
   Fiber scheduler_;
   std::vector<std::unique_ptr<Thread>> threads_;
@@ -131,6 +162,7 @@ class Executor {
   std::source_location barrier_loc_;
   std::string fault_;
   bool running_ = false;
+  Schedule schedule_;
   int64_t switches_ = 0;  // this launch's, added to the process totals when it ends
 };
 
@@ -139,6 +171,61 @@ Executor& executor() {
   return ex;
 }
 
+// Whether race detection is on (set_race_detection); on by default.
+std::atomic<bool> g_detect_races{true};
+
+// [lo, hi) of this library's TLS block on the calling OS thread: where its thread_local variables,
+// and so the kernels' static __shared__ arrays, live.
+struct TlsBlock {
+  const char* lo = nullptr;
+  const char* hi = nullptr;
+  const char* target = nullptr;
+};
+
+int find_tls_block(dl_phdr_info* info, size_t, void* data) {
+  auto* b = static_cast<TlsBlock*>(data);
+  if (info->dlpi_tls_data == nullptr) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type != PT_TLS) continue;
+    const char* lo = static_cast<const char*>(info->dlpi_tls_data);
+    const char* hi = lo + info->dlpi_phdr[i].p_memsz;
+    if (b->target >= lo && b->target < hi) {
+      b->lo = lo;
+      b->hi = hi;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+TlsBlock library_tls_block() {
+  static thread_local TlsBlock block;
+  if (block.lo == nullptr) {
+    block.target = reinterpret_cast<const char*>(&detail::tls_view);
+    dl_iterate_phdr(&find_tls_block, &block);
+    TORCH_CHECK(block.lo != nullptr, "simt: could not find the emulated library's thread-local storage block "
+                "(static __shared__ memory)");
+  }
+  return block;
+}
+
+// Marks executor code that runs on an emulated thread's fiber (its accesses are not the kernel's).
+// Uninstrumented: the access hook would otherwise see (and recurse on) the counter's own update.
+SYNCBN_SIMT_UNINSTRUMENTED void enter_internal(Thread& t) { ++t.internal; }
+SYNCBN_SIMT_UNINSTRUMENTED void leave_internal(Thread& t) { --t.internal; }
+
+struct Internal {
+  Thread* t;
+  SYNCBN_SIMT_UNINSTRUMENTED explicit Internal(Thread* thread) : t(thread) {
+    if (t != nullptr) enter_internal(*t);
+  }
+  SYNCBN_SIMT_UNINSTRUMENTED ~Internal() {
+    if (t != nullptr) leave_internal(*t);
+  }
+  Internal(const Internal&) = delete;
+  Internal& operator=(const Internal&) = delete;
+};
+
 void Executor::yield(Thread& t) {
   ++switches_;
   Fiber::switch_to(t.fiber, scheduler_);
@@ -146,10 +233,10 @@ void Executor::yield(Thread& t) {
 
 // t cannot run on: resume the next runnable lane of its warp (whoever resumes t later sets current_).
 void Executor::switch_within_warp(Thread& t) {
-  const int base = t.warp * 32;
-  const int lanes = std::popcount(warps_[t.warp].existing);
+  const std::vector<int>& order = lanes_[size_t(t.warp)];
+  const int lanes = int(order.size());
   for (int k = 1; k < lanes; ++k) {
-    Thread& next = *threads_[base + (t.lane + k) % lanes];
+    Thread& next = *threads_[size_t(order[size_t((t.lane_pos + k) % lanes)])];
     if (next.state != State::kReady) continue;
     current_ = &next;
     detail::tls_view = &next.view;
@@ -164,10 +251,14 @@ void Executor::thread_main(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   Executor& ex = executor();
   try {
+    leave_internal(t);  // the kernel's own code
     ex.kernel_->invoke(ex.kernel_->params);
+    enter_internal(t);
   } catch (const std::exception& e) {
+    enter_internal(t);
     ex.fault(std::string("the kernel threw: ") + e.what());
   } catch (...) {
+    enter_internal(t);
     ex.fault("the kernel threw a non-standard exception");
   }
   ex.thread_exit(t);
@@ -177,6 +268,7 @@ void Executor::thread_main(void* arg) {
 
 void Executor::fault(const std::string& what) {
   Thread& t = *current_;
+  enter_internal(t);  // never undone: the thread does not run again
   if (fault_.empty()) fault_ = who(t) + ": " + what;
   t.state = State::kFaulted;
   yield(t);  // never resumed: the launch is abandoned
@@ -184,6 +276,7 @@ void Executor::fault(const std::string& what) {
 }
 
 void Executor::thread_exit(Thread& t) {
+  enter_internal(t);  // the kernel returned (or threw): what follows is the executor's
   if (at_barrier_ > 0)
     fault("returned while " + std::to_string(at_barrier_) + " thread(s) of its block wait at __syncthreads() (" +
           where(barrier_loc_) + "): every thread must reach each barrier");
@@ -214,6 +307,9 @@ void Executor::syncthreads(const std::source_location& loc) {
     for (int i = 0; i < nthreads_; ++i)
       if (threads_[i]->state == State::kAtBarrier) threads_[i]->state = State::kReady;
     at_barrier_ = 0;
+    // Everything before the barrier is ordered with everything after it, for every pair of threads.
+    static_shared_.new_phase();
+    dynamic_shared_.new_phase();
     return;
   }
   t.state = State::kAtBarrier;
@@ -265,6 +361,7 @@ const WarpOp& Executor::warp_op(WarpOpKind kind, unsigned mask, uint64_t value, 
   op->values[t.lane] = value;
   op->arrived |= bit;
   if (op->arrived == mask) {
+    if (detect_) clocks_.join(t.warp, mask);  // the participating lanes are ordered from here on
     op->done = true;
     op->readers = std::popcount(mask);
     w.pending.erase(std::find(w.pending.begin(), w.pending.end(), op));
@@ -315,8 +412,14 @@ void Executor::run_block(uint3 block_idx) {
                         block_, grid_, this};
     t.state = State::kReady;
     t.op = nullptr;
+    t.internal = 1;  // until thread_main hands over to the kernel
     t.fiber.start(backend_, &Executor::thread_main, &t);
   }
+  for (const auto& lanes : lanes_)
+    for (size_t k = 0; k < lanes.size(); ++k) threads_[size_t(lanes[k])]->lane_pos = int(k);
+  static_shared_.new_block();
+  dynamic_shared_.new_block();
+  if (detect_) clocks_.reset(nthreads_);
   for (size_t w = 0; w < warps_.size(); ++w) {
     const int lanes = std::min(32, nthreads_ - int(w) * 32);
     warps_[w].existing = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
@@ -330,8 +433,8 @@ void Executor::run_block(uint3 block_idx) {
   at_barrier_ = 0;
   while (live_ > 0) {
     bool ran = false;
-    for (int i = 0; i < nthreads_ && fault_.empty(); ++i) {
-      Thread& t = *threads_[i];
+    for (int k = 0; k < nthreads_ && fault_.empty(); ++k) {
+      Thread& t = *threads_[size_t(order_[size_t(k)])];
       if (t.state != State::kReady) continue;
       current_ = &t;
       detail::tls_view = &t.view;
@@ -352,6 +455,7 @@ void Executor::run_block(uint3 block_idx) {
 void Executor::run(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
   TORCH_CHECK(!running_, "emulated launch of ", k.name, " from inside a running kernel: dynamic parallelism is "
               "not emulated");
+  schedule_ = current_schedule();  // may raise (a bad SYNCTRAIN_SIMT_SCHEDULE): before anything changes
   running_ = true;
   kernel_ = &k;
   grid_ = grid;
@@ -365,13 +469,28 @@ void Executor::run(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
   if (shmem_.size() < shmem) shmem_.resize(shmem);
   fault_.clear();
   switches_ = 0;
+  detect_ = g_detect_races.load();
+  // Dynamic shared memory is poisoned in whole at each block; static shared memory byte by byte, when
+  // a block first reads a byte it has not written.
+  const auto* shmem_lo = reinterpret_cast<const char*>(shmem_.data());
+  dynamic_shared_.cover(shmem_lo, shmem_lo + shmem_bytes_, false);
+  const TlsBlock tls = library_tls_block();
+  static_shared_.cover(tls.lo, tls.hi, true);
+  static_lo_touched_ = nullptr;
+  global_writes_.clear();
+  const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
+  LaunchOrder order(schedule_, k.name, total, nthreads_);
+  order.block_threads(order_, lanes_);
   int64_t blocks = 0;
-  for (unsigned z = 0; z < grid.z && fault_.empty(); ++z)
-    for (unsigned y = 0; y < grid.y && fault_.empty(); ++y)
-      for (unsigned x = 0; x < grid.x && fault_.empty(); ++x) {
-        run_block(uint3{x, y, z});
-        ++blocks;
-      }
+  for (uint64_t i = 0; i < total && fault_.empty(); ++i) {
+    const uint64_t b = order.block(i);
+    if (i > 0 && schedule_.order == Order::kRandom) order.block_threads(order_, lanes_);
+    block_linear_ = b;
+    run_block(uint3{unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / (uint64_t(grid.x) * grid.y))});
+    ++blocks;
+  }
+  if (fault_.empty() && detect_) check_global_writes();
+  global_writes_.clear();
   detail::count_launch(blocks, blocks * nthreads_, switches_);
   switches_ = 0;
   running_ = false;
@@ -383,7 +502,83 @@ void Executor::run(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
   }
 }
 
+// Every load and store of code compiled into the emulated library, while an emulated thread runs.
+SYNCBN_SIMT_UNINSTRUMENTED void Executor::on_access(char* p, size_t bytes, bool write) {
+  Thread* t = current_;
+  if (t == nullptr || t->internal > 0) return;
+  // Busy from here: what follows may call instrumented code (allocations), whose accesses are ours.
+  ++t->internal;
+  on_kernel_access(*t, p, bytes, write);
+  --t->internal;
+}
+
+SYNCBN_SIMT_UNINSTRUMENTED void Executor::on_kernel_access(Thread& thread, char* p, size_t bytes, bool write) {
+  Thread* t = &thread;
+  const char* stack = t->fiber.stack_lo();
+  if (p >= stack && p < stack + t->fiber.stack_bytes()) return;  // the thread's own locals
+  // The emulator's own thread-locals share the TLS block with the static shared arrays: threadIdx & co.
+  // read tls_view, and the executor (this object) may be reached from device code on its way to a fault.
+  const auto* view_slot = reinterpret_cast<const char*>(&detail::tls_view);
+  if (p >= view_slot && p < view_slot + sizeof(detail::tls_view)) return;
+  if (p >= reinterpret_cast<const char*>(this) && p < reinterpret_cast<const char*>(this + 1)) return;
+  if (dynamic_shared_.contains(p)) {
+    shared_access(dynamic_shared_, *t, p, bytes, write);
+  } else if (static_shared_.contains(p)) {
+    if (static_lo_touched_ == nullptr || p < static_lo_touched_) static_lo_touched_ = p;
+    shared_access(static_shared_, *t, p, bytes, write);
+  } else if (write && detect_) {
+    global_writes_.add(p, bytes, t->tid, block_linear_);
+  }
+}
+
+SYNCBN_SIMT_UNINSTRUMENTED void Executor::shared_access(race::SharedShadow& shadow, Thread& t, char* p, size_t bytes,
+                                                        bool write) {
+  const race::Conflict c = shadow.access(p, bytes, t.tid, write, detect_, clocks_);
+  if (c.thread < 0) return;
+  std::ostringstream s;
+  s << "data race on ";
+  if (&shadow == &dynamic_shared_) {
+    s << "dynamic shared memory at byte offset " << c.offset;
+  } else {
+    s << "static __shared__ memory at byte offset " << (shadow.lo() + c.offset - static_lo_touched_)
+      << " from the lowest static shared address this launch touched";
+  }
+  s << ": " << who_else(c.thread) << " " << (c.wrote ? "wrote" : "read") << " it, then this thread "
+    << (write ? "wrote" : "read") << " it, with no __syncthreads() between them"
+    << (c.thread / 32 == t.tid / 32 ? " and no warp operation (__syncwarp, shuffle) of both lanes"
+                                    : " (threads of different warps are ordered by __syncthreads() only)");
+  fault(s.str());
+}
+
+void Executor::check_global_writes() {
+  race::GlobalWrites::Entry a{}, b{};
+  const bool found = global_writes_.find_overlap(&a, &b, [](uintptr_t addr) {
+    const char *lo = nullptr, *hi = nullptr;
+    return find_allocation(reinterpret_cast<const void*>(addr), &lo, &hi) && reinterpret_cast<const char*>(addr) < hi;
+  });
+  if (!found) return;
+  const char *lo = nullptr, *hi = nullptr;
+  find_allocation(reinterpret_cast<const void*>(b.addr), &lo, &hi);
+  auto block_of = [&](uint64_t linear) {
+    return detail::triple(uint3{unsigned(linear % grid_.x), unsigned(linear / grid_.x % grid_.y),
+                                unsigned(linear / (uint64_t(grid_.x) * grid_.y))});
+  };
+  auto thread_of = [&](uint32_t tid) {
+    const int bx = int(block_.x), bxy = int(block_.x * block_.y);
+    return detail::triple(uint3{unsigned(int(tid) % bx), unsigned((int(tid) / bx) % int(block_.y)), unsigned(int(tid) / bxy)});
+  };
+  std::ostringstream s;
+  s << kernel_->name << ": data race on global memory: block " << block_of(a.block) << " thread " << thread_of(a.tid)
+    << " and block " << block_of(b.block) << " thread " << thread_of(b.tid) << " both wrote byte offset "
+    << (reinterpret_cast<const char*>(b.addr) - lo) << " of " << describe_allocation(lo)
+    << " in one launch (only atomics may update one address from several threads)";
+  fault_ = s.str();
+}
+
 }  // namespace
+
+void set_race_detection(bool enabled) { g_detect_races.store(enabled); }
+bool race_detection() { return g_detect_races.load(); }
 
 void launch_kernel(const KernelLaunch& k, dim3 grid, dim3 block, size_t shmem) {
   cudaError_t code = cudaSuccess;
@@ -404,16 +599,27 @@ namespace detail {
 
 static Executor& running_executor(const char* what) { return *static_cast<Executor*>(view(what).executor); }
 
-void syncthreads(const std::source_location& loc) { running_executor("__syncthreads").syncthreads(loc); }
+SYNCBN_SIMT_UNINSTRUMENTED void on_access(void* p, size_t bytes, bool write) {
+  const ThreadView* v = tls_view;
+  if (v != nullptr) static_cast<Executor*>(v->executor)->on_access(static_cast<char*>(p), bytes, write);
+}
+
+void syncthreads(const std::source_location& loc) {
+  Executor& ex = running_executor("__syncthreads");
+  const Internal internal(&ex.current());
+  ex.syncthreads(loc);
+}
 
 void syncwarp(unsigned mask, const std::source_location& loc) {
   Executor& ex = running_executor("__syncwarp");
+  const Internal internal(&ex.current());
   ex.finish_read(ex.warp_op(WarpOpKind::kSyncwarp, mask, 0, loc));
 }
 
 uint64_t shuffle(ShuffleMode mode, unsigned mask, uint64_t value, int lane_arg, int width,
                  const std::source_location& loc) {
   Executor& ex = running_executor("a warp shuffle");
+  const Internal internal(&ex.current());
   if (width < 1 || width > 32 || (width & (width - 1)) != 0)
     ex.fault("warp shuffle (" + where(loc) + ") with width " + std::to_string(width) +
              ": it must be a power of 2 from 1 to 32");
@@ -449,6 +655,10 @@ void* dynamic_shared_base(size_t* bytes) {
 }
 
 [[noreturn]] void bad_access(const char* at, size_t bytes, size_t align, const char* lo, const char* hi) {
+  // Through tls_view, not executor(): the fault below ends the thread, and what leads to it is not the
+  // kernel's access.
+  Executor* ex = tls_view != nullptr ? static_cast<Executor*>(tls_view->executor) : nullptr;
+  if (ex != nullptr && ex->in_kernel()) enter_internal(ex->current());
   std::ostringstream s;
   if (lo == nullptr) {
     s << "access of " << bytes << " bytes through a null pointer";
@@ -463,7 +673,7 @@ void* dynamic_shared_base(size_t* bytes) {
     }
     s << (inside ? " in " : "") << describe_allocation(lo);
   }
-  if (executor().in_kernel()) executor().fault(s.str());
+  if (ex != nullptr && ex->in_kernel()) ex->fault(s.str());
   TORCH_CHECK(false, "simt: ", s.str());
 }
 

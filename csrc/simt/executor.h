@@ -23,6 +23,9 @@ struct LaunchRecord {
 void record_launches(bool enabled);
 // The launches recorded since the last call (or since recording started).
 std::vector<LaunchRecord> take_launch_records();
+// Race detection (race.h) for the launches that start from now on, on every thread; on by default.
+void set_race_detection(bool enabled);
+bool race_detection();
 // launches, blocks, threads, fiber_switches since the process started.
 std::vector<std::pair<std::string, int64_t>> execution_counters();
 

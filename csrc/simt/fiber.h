@@ -11,6 +11,8 @@
 
 #include <cstddef>
 
+#include "uninstrumented.h"
+
 namespace syncbn::simt {
 
 enum class FiberBackend { kAsm, kUcontext };
@@ -36,6 +38,10 @@ class Fiber {
   // For the context that is already running (the scheduler's own stack): switches back to it use
   // `backend`, which must be the one its fibers were started with.
   void adopt(FiberBackend backend) { backend_ = backend; }
+
+  // The fiber's stack (guard page excluded): its thread's locals live there.
+  SYNCBN_SIMT_UNINSTRUMENTED const char* stack_lo() const { return stack_; }
+  SYNCBN_SIMT_UNINSTRUMENTED size_t stack_bytes() const { return stack_bytes_; }
 
   // Save the running context into `from` and resume `to`.
   static void switch_to(Fiber& from, Fiber& to);

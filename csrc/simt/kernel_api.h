@@ -2,9 +2,10 @@
 // warpSize, __syncthreads (a real barrier among the block's threads), __syncwarp and the four warp
 // shuffles (32-lane semantics with masks and widths, as PTX's shfl.sync defines them), atomicAdd,
 // static __shared__ (one copy per OS thread running the block: blocks run one at a time per thread; not
-// bounds-checked or poisoned, ptxas sizes it) and dynamic shared memory (dynamic_shared<T>(),
-// bounds-checked and poisoned per block). __launch_bounds__ is accepted and ignored (register limits
-// are ptxas' to enforce).
+// bounds-checked, ptxas sizes it; poisoned per block: a byte a block reads before writing it reads
+// 0xFF) and dynamic shared memory (dynamic_shared<T>(), bounds-checked and poisoned per block). Both
+// kinds of shared memory, and global memory writes, go through the race detector (race.h).
+// __launch_bounds__ is accepted and ignored (register limits are ptxas' to enforce).
 //
 // Every synchronisation records where it was called from (std::source_location), so a barrier or
 // shuffle that threads reach from different places, or that a thread skips by returning early, is a
@@ -116,9 +117,10 @@ inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSi
 }
 
 // Emulated threads switch only at barriers and shuffles, so a read-modify-write is atomic among them
-// (each OS thread runs its own launches). `address` comes from a checked access (&p[i]).
+// (each OS thread runs its own launches). `address` comes from a checked access (&p[i]). Not
+// instrumented (and so never inlined into instrumented code): atomics are not races.
 template <typename T>
-inline T atomicAdd(T* address, T val) {
+__attribute__((noinline, no_sanitize("thread"))) T atomicAdd(T* address, T val) {
   static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned int> || std::is_same_v<T, unsigned long long> ||
                     std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "CUDA's atomicAdd takes int, unsigned int, unsigned long long, float or double");

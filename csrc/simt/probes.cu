@@ -1,6 +1,7 @@
 // Probe kernels for the emulator's tests (see probes.h). Written as CUDA, through the same
 // csrc/cuda/runtime.cuh surface as the SyncBN kernels; compiled only into the emulated build.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
 #include <map>
@@ -78,6 +79,73 @@ __global__ void dynamic_shared_kernel(SYNCBN_PTR(int64_t) out, int64_t index) {
   __syncthreads();
   out[row + 1] = smem[(tid + 1) % n];
   if (index >= 0 && tid == 0) out[row] = smem[index];
+}
+
+__global__ void static_shared_kernel(SYNCBN_PTR(int64_t) out) {
+  __shared__ int64_t slots[1024];
+  const int n = int(blockDim.x);
+  const int tid = int(threadIdx.x);
+  const int64_t row = (int64_t(blockIdx.x) * n + tid) * 2;
+  out[row] = slots[tid];  // nobody in this block wrote it yet: poison, whatever an earlier block left
+  __syncthreads();
+  slots[tid] = 1000 * int64_t(blockIdx.x) + tid;
+  __syncthreads();
+  out[row + 1] = slots[(tid + 1) % n];
+}
+
+// --- races: each kernel has a correct form (fixed != 0) and the form with the synchronisation removed --
+
+// Each thread stores its value, then reads its left neighbour's (thread 0 its own). Without the barrier
+// the result is right only when every thread runs after its left neighbour (the forward order).
+__global__ void race_syncthreads_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
+  __shared__ int64_t slots[1024];
+  const int tid = int(threadIdx.x);
+  slots[tid] = 100 + tid;
+  if (fixed) __syncthreads();
+  out[tid] = slots[tid > 0 ? tid - 1 : 0];
+}
+
+// Lanes of one warp store their values, lane 0 sums them. Without __syncwarp the sum is right only when
+// lane 0 runs last (the reverse order).
+__global__ void race_syncwarp_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
+  __shared__ int64_t slots[32];
+  const int lane = int(threadIdx.x);
+  slots[lane] = 100 + lane;
+  if (fixed) __syncwarp();
+  if (lane == 0) {
+    int64_t sum = 0;
+    for (int i = 0; i < 32; ++i) sum += slots[i];
+    out[0] = sum;
+  }
+}
+
+// Each warp reduces its lanes with shuffles and lane 0 stores the warp's sum; the last warp then adds
+// the warps' sums. Without the __syncthreads that is right only when the last warp runs last.
+__global__ void race_last_warp_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
+  __shared__ int64_t partial[32];
+  const int tid = int(threadIdx.x);
+  const int warps = int(blockDim.x) / 32;
+  int64_t v = 100 + tid;
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if (tid % 32 == 0) partial[tid / 32] = v;
+  if (fixed) __syncthreads();
+  if (tid == int(blockDim.x) - 32) {
+    int64_t sum = 0;
+    for (int w = 0; w < warps; ++w) sum += partial[w];
+    out[0] = sum;
+  }
+}
+
+// Each thread takes a ticket: the order in which the emulator ran the threads.
+__global__ void order_kernel(SYNCBN_PTR(int64_t) out, SYNCBN_PTR(int64_t) ticket) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  out[t] = int64_t(atomicAdd(reinterpret_cast<unsigned long long*>(&ticket[0]), 1ull));
+}
+
+// Every thread writes its own element; without the fix, every thread writes element 0.
+__global__ void race_global_write_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  out[fixed ? t : 0] = t;
 }
 
 __global__ void ran_kernel(SYNCBN_PTR(int64_t) ran) {
@@ -265,6 +333,49 @@ void dynamic_shared(at::Tensor& out, int64_t bytes, int64_t index) {
   SYNCBN_LAUNCH(dim3(unsigned(out.size(0))), dim3(unsigned(out.size(1))), size_t(bytes), nullptr,
                 dynamic_shared_kernel)(out.data_ptr<int64_t>(), index);
   check_launch();
+}
+
+void static_shared(at::Tensor& out) {
+  DeviceMemoryScope scope("probes.static_shared", {{"out", &out}});
+  TORCH_CHECK(out.dim() == 3 && out.size(2) == 2 && out.size(1) <= 1024 && out.scalar_type() == at::kLong &&
+                  out.is_contiguous(),
+              "probes.static_shared: out must be contiguous int64 [blocks, threads <= 1024, 2]");
+  SYNCBN_LAUNCH(dim3(unsigned(out.size(0))), dim3(unsigned(out.size(1))), 0, nullptr, static_shared_kernel)(
+      out.data_ptr<int64_t>());
+  check_launch();
+}
+
+void order(at::Tensor& out, int64_t blocks, int64_t threads) {
+  TORCH_CHECK(out.numel() == blocks * threads && out.scalar_type() == at::kLong && out.is_contiguous(),
+              "probes.order: out must be contiguous int64 of blocks * threads");
+  DeviceMemoryScope scope("probes.order", {{"out", &out}});
+  at::Tensor ticket = at::zeros({1}, at::kLong);
+  SYNCBN_LAUNCH(dim3(unsigned(blocks)), dim3(unsigned(threads)), 0, nullptr, order_kernel)(
+      out.data_ptr<int64_t>(), ticket.data_ptr<int64_t>());
+  check_launch();
+}
+
+at::Tensor race(const std::string& kind, bool fixed, int64_t threads, int64_t blocks) {
+  TORCH_CHECK(threads >= 1 && threads <= 1024 && blocks >= 1, "probes.race: 1..1024 threads, >= 1 block");
+  at::Tensor out = at::full({blocks * threads}, -7, at::kLong);
+  DeviceMemoryScope scope("probes.race", {{"out", &out}});
+  const dim3 grid{unsigned(blocks)}, block{unsigned(threads)};
+  int64_t* o = out.data_ptr<int64_t>();
+  if (kind == "syncthreads") {
+    SYNCBN_LAUNCH(grid, block, 0, nullptr, race_syncthreads_kernel)(o, int(fixed));
+  } else if (kind == "syncwarp") {
+    TORCH_CHECK(threads == 32, "probes.race: the syncwarp probe is one warp (32 threads)");
+    SYNCBN_LAUNCH(grid, block, 0, nullptr, race_syncwarp_kernel)(o, int(fixed));
+  } else if (kind == "last_warp") {
+    TORCH_CHECK(threads % 32 == 0, "probes.race: the last_warp probe needs whole warps");
+    SYNCBN_LAUNCH(grid, block, 0, nullptr, race_last_warp_kernel)(o, int(fixed));
+  } else if (kind == "global_write") {
+    SYNCBN_LAUNCH(grid, block, 0, nullptr, race_global_write_kernel)(o, int(fixed));
+  } else {
+    TORCH_CHECK(false, "probes.race: unknown kind '", kind, "' (syncthreads, syncwarp, last_warp, global_write)");
+  }
+  check_launch();
+  return out;
 }
 
 std::tuple<int64_t, std::string, bool> launch(const std::vector<int64_t>& grid, const std::vector<int64_t>& block,

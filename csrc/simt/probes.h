@@ -34,6 +34,21 @@ void atomic_add(at::Tensor& count, at::Tensor& total, int64_t blocks, int64_t th
 // neighbour's. index >= 0: thread 0 then also reads int64 slot `index` (out of bounds: a fault).
 void dynamic_shared(at::Tensor& out, int64_t bytes, int64_t index);
 
+// Like dynamic_shared, for a static __shared__ array (threads <= 1024): slot reads before any write of
+// the block give the poison (-1), never what an earlier block or launch stored.
+void static_shared(at::Tensor& out);
+
+// out[block * threads + t] = the place of that thread in the order the launch ran its threads (a
+// ticket from atomicAdd; threads never wait, so each runs to its end before the next starts).
+void order(at::Tensor& out, int64_t blocks, int64_t threads);
+
+// A kernel whose correctness depends on a synchronisation, with it (fixed) or without it (the bug):
+// "syncthreads" (out[t] = the value thread t-1 stored, thread 0 its own), "syncwarp" (one warp; out[0] =
+// sum of 100 + lane), "last_warp" (out[0] = sum of 100 + t over the block, finished by the last warp),
+// "global_write" (out[t] = t; the bug: every thread writes out[0]). Returns out (int64, blocks x threads,
+// -7 where nothing was written).
+at::Tensor race(const std::string& kind, bool fixed, int64_t threads, int64_t blocks);
+
 // Launches a one-thread kernel with this configuration (after opting in to `optin` bytes of dynamic
 // shared memory when optin > 0); returns (cudaGetLastError, its detail, whether the kernel ran).
 std::tuple<int64_t, std::string, bool> launch(const std::vector<int64_t>& grid, const std::vector<int64_t>& block,

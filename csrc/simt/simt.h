@@ -5,8 +5,10 @@
 // What it checks, as the hardware (or a sanitizer) would: block and grid dimensions, threads per block,
 // dynamic shared memory per block; every access through a kernel pointer (bounds of its allocation,
 // natural alignment); barriers and warp operations that some thread skips or reaches from another
-// place, and deadlocks; lanes and masks of the warp shuffles. What it cannot show: races between
-// threads (they interleave only at barriers and shuffles), the memory model, timing, and speed.
+// place, and deadlocks; lanes and masks of the warp shuffles; data races on shared memory and
+// conflicting writes to global memory (race.h), under the lane, warp and block orders of the launch's
+// schedule (schedule.h). What it cannot show: the memory model (threads interleave only at barriers
+// and shuffles, and every access is sequentially consistent), timing, and speed.
 #pragma once
 #include <ATen/core/Tensor.h>  // before the qualifier macros below
 

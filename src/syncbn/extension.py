@@ -209,10 +209,14 @@ def make_emulated_spec() -> BuildSpec:
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
     # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
     cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
-    name = f"syncbn_cudaemu_{_digest(sources, _headers('cuda', 'simt'), [cflags], [])}"
+    # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its
+    # runtime) to the kernel sources (*.cu) only: their loads and stores call the race detector's hooks.
+    wrapper = CSRC / "simt" / "instrumented_cxx.sh"
+    env = {"CXX": str(wrapper), "SYNCTRAIN_SIMT_CXX": os.environ.get("SYNCTRAIN_SIMT_CXX") or os.environ.get("CXX") or "c++"}
+    name = f"syncbn_cudaemu_{_digest([*sources, wrapper], _headers('cuda', 'simt'), [cflags], [env['SYNCTRAIN_SIMT_CXX']])}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
                      cflags=tuple(cflags), cuda_cflags=(), ldflags=(), with_cuda=False,
-                     cpu_capability="default", cuda_arch_list=None)
+                     cpu_capability="default", cuda_arch_list=None, env=env)
 
 
 def python_include_dir() -> Path:

@@ -57,27 +57,44 @@ CASE_IDS = [f"{'x'.join(map(str, s))}-{lay}-{dev.replace(',sm_count=', '-sm')}" 
 
 @dataclass
 class Backend:
-    """Where the CUDA kernels run: `ops` is the module, tensors live on `device`."""
+    """Where the CUDA kernels run: `ops` is the module, tensors live on `device`; `schedule` is the
+    emulated launches' lane, warp and block order (csrc/simt/schedule.h), None on a GPU."""
 
     name: str
     ops: Any
     device: str
+    schedule: str | None = None
 
     def use(self, emulated_device: str) -> None:
         """Emulate `emulated_device` for the next launches (a GPU is what it is)."""
-        if self.name == "emulated":
+        if self.schedule is not None:
             self.ops.set_device(emulated_device)
 
+    def release(self) -> None:
+        """Back to the emulated module's defaults (H100, schedule from the environment) for other tests."""
+        if self.schedule is not None:
+            self.ops.set_device(H100)
+            self.ops.set_schedule(None)
 
-BACKENDS = [pytest.param("emulated", marks=pytest.mark.cuda_emulated), pytest.param("cuda", marks=pytest.mark.cuda)]
+
+# Every emulated case runs under two schedules: lanes, warps and blocks in index order, then in reverse
+# order. A kernel that is right only because the emulator happened to run a writer before its reader
+# (a missing barrier, a reduction that assumes the last warp runs last) fails under one of them, and
+# the emulator's race detector reports the unsynchronised accesses under both.
+SCHEDULES = ("forward", "reverse")
+BACKENDS = [*(pytest.param(f"emulated-{s}", marks=pytest.mark.cuda_emulated) for s in SCHEDULES),
+            pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def load_backend(name: str) -> Backend:
-    """The kernels of backend `name` ("emulated" or "cuda")."""
+    """The kernels of backend `name` ("emulated-<schedule>", "emulated" = forward, or "cuda")."""
     from src.syncbn.extension import load_emulated_cuda_extension, load_extension
 
-    if name == "emulated":
-        return Backend(name, load_emulated_cuda_extension(H100), "cpu")
+    if name == "emulated" or name.startswith("emulated-"):
+        schedule = name.removeprefix("emulated").removeprefix("-") or "forward"
+        ops = load_emulated_cuda_extension(H100)
+        ops.set_schedule(schedule)
+        return Backend(name, ops, "cpu", schedule)
     return Backend(name, load_extension(), "cuda")
 
 

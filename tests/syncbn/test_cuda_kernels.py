@@ -28,7 +28,7 @@ def kb(request):
     """The backend the kernels run on (emulated on the CPU, or a GPU)."""
     backend = load_backend(request.param)
     yield backend
-    backend.use(H100)
+    backend.release()
 
 
 @pytest.fixture(scope="module")

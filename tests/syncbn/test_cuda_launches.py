@@ -16,17 +16,20 @@ import pytest
 import torch
 
 from src.syncbn.extension import load_emulated_cuda_extension
-from tests.syncbn.cuda_cases import CASES, DTYPES, H100, make
+from tests.syncbn.cuda_cases import CASES, DTYPES, H100, SCHEDULES, make
 
 pytestmark = pytest.mark.cuda_emulated
 
 STREAMING = ("stats", "elemt", "backward_reduce", "backward_elemt")
 
 
-@pytest.fixture(scope="module")
-def emu():
+@pytest.fixture(scope="module", params=SCHEDULES)
+def emu(request):
+    """The emulated kernels, under each schedule (lane, warp and block order) in turn."""
     module = load_emulated_cuda_extension(H100)
+    module.set_schedule(request.param)
     yield module
+    module.set_schedule(None)
     module.set_device(H100)
     module.record_launches(False)
 

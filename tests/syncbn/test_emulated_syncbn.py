@@ -5,7 +5,7 @@ SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated makes src.syncbn.functions.kernel_ops() r
 build, in this process and in the spawned ranks; the emulated device is a 16-SM Orin, whose few
 resident blocks split these small batches across several blocks per channel. A subset of the CPU
 equivalence cases (test_distributed_equivalence.py) that covers layouts, dtypes, empty ranks and the
-cumulative momentum.
+cumulative momentum. Rank 0 runs the kernels in forward lane, warp and block order, rank 1 in reverse.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ SUBSET = ["bn2d_unequal", "bn3d_unequal", "rank_with_zero_samples", "all_ranks_e
           "affine_false", "momentum_none_3_steps", "channels_last", "channels_last_3d", "strided_input", "float64",
           "float16", "bfloat16_channels_last"]
 WORLD = 2
+# Each rank runs its kernels under its own schedule (csrc/simt/schedule.h), so every layer of every case
+# runs them in forward and in reverse lane, warp and block order (on the two ranks' halves of the batch).
+RANK_SCHEDULES = ["forward", "reverse"]
 
 
 def run_emulated(rank: int, world: int, payload: dict) -> dict:
@@ -28,6 +31,7 @@ def run_emulated(rank: int, world: int, payload: dict) -> dict:
     from src.syncbn.functions import kernel_ops
 
     ops = kernel_ops()
+    ops.set_schedule(payload["schedules"][rank])
     before = ops.counters()["launches"]
     results = run_cases(rank, world, payload)
     return {"ops": ops.__name__, "launches": ops.counters()["launches"] - before, "results": results}
@@ -44,7 +48,8 @@ def world_results(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulated")
         mp.setenv("SYNCTRAIN_SIMT_DEVICE", "orin")
-        out = run_group(WORLD, run_emulated, {"device": "cpu", "cases": cases}, tmp_path_factory.mktemp("emu"))
+        payload = {"device": "cpu", "cases": cases, "schedules": RANK_SCHEDULES}
+        out = run_group(WORLD, run_emulated, payload, tmp_path_factory.mktemp("emu"))
     return {c["name"]: c for c in cases}, out
 
 

@@ -23,8 +23,10 @@ CL = torch.channels_last
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kb(request):
-    """The CUDA kernels (emulated, or on a GPU)."""
-    return load_backend(request.param)
+    """The CUDA kernels (emulated under each schedule, or on a GPU)."""
+    backend = load_backend(request.param)
+    yield backend
+    backend.release()
 
 
 @pytest.fixture(scope="module")

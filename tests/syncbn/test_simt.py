@@ -279,3 +279,167 @@ def test_device_properties_drive_the_kernels_launch_geometry(emu):
     # About SMs x (threads per SM / 256) blocks, split over C = 4 channels: 1056 / 4 = 264 on an H100,
     # 96 / 4 = 24 on an Orin, 6 / 4 -> 2 on one Orin SM; capped at N / 32 = 32 (32 planes per 8 x 32 block).
     assert blocks == {"h100": 32, "orin": 24, "orin,sm_count=1": 2}
+
+
+# --- schedules and the race detector -------------------------------------------------------------------
+
+SCHEDULES = ["forward", "reverse", "random:1", "random:2"]
+
+
+@pytest.fixture(params=SCHEDULES)
+def schedule(emu, request):
+    """Run the test once per schedule (lane, warp and block order; csrc/simt/schedule.h)."""
+    emu.set_schedule(request.param)
+    yield request.param
+    emu.set_schedule(None)
+
+
+@pytest.fixture
+def detector(emu):
+    """The race detector's switch, back on after the test."""
+    yield emu
+    emu.set_race_detection(True)
+
+
+def run_order(emu, blocks: int, threads: int) -> list[int]:
+    """The thread linear indices (block-major, x fastest) in the order the emulator ran them."""
+    out = torch.full((blocks * threads,), -1, dtype=torch.int64)
+    emu.probes.order(out, blocks, threads)
+    return sorted(range(blocks * threads), key=lambda t: int(out[t]))
+
+
+def test_schedules_order_lanes_warps_and_blocks(emu):
+    """A thread that never waits runs to its end before the next starts: its ticket is its place in the order."""
+    blocks, threads = 3, 80  # partial last warp
+    try:
+        emu.set_schedule("forward")
+        assert run_order(emu, blocks, threads) == list(range(blocks * threads))
+        emu.set_schedule("reverse")
+        assert run_order(emu, blocks, threads) == list(reversed(range(blocks * threads)))
+        emu.set_schedule("random:5")
+        first = run_order(emu, blocks, threads)
+        assert run_order(emu, blocks, threads) == first  # the same launch always runs in the same order
+        assert sorted(first) == list(range(blocks * threads)) and first != list(range(blocks * threads))
+        by_block = [t // threads for t in first]
+        assert by_block == sorted(by_block, key=by_block.index)  # blocks still run one after another
+        emu.set_schedule("random:6")
+        assert run_order(emu, blocks, threads) != first
+    finally:
+        emu.set_schedule(None)
+
+
+def test_schedule_from_the_environment(emu, monkeypatch):
+    """SYNCTRAIN_SIMT_SCHEDULE is read at every launch unless set_schedule chose one."""
+    emu.set_schedule(None)
+    monkeypatch.setenv("SYNCTRAIN_SIMT_SCHEDULE", "reverse")
+    assert emu.schedule() == "reverse"
+    assert run_order(emu, 1, 4) == [3, 2, 1, 0]
+    monkeypatch.setenv("SYNCTRAIN_SIMT_SCHEDULE", "random:7")
+    assert emu.schedule() == "random:7"
+    monkeypatch.setenv("SYNCTRAIN_SIMT_SCHEDULE", "sideways")
+    with pytest.raises(RuntimeError, match=r"SYNCTRAIN_SIMT_SCHEDULE='sideways': expected forward, reverse, random"):
+        run_order(emu, 1, 4)
+    emu.set_schedule("forward")  # the module's choice wins over the environment
+    try:
+        assert run_order(emu, 1, 4) == [0, 1, 2, 3]
+    finally:
+        emu.set_schedule(None)
+    monkeypatch.delenv("SYNCTRAIN_SIMT_SCHEDULE")
+    assert emu.schedule() == "forward"
+    with pytest.raises(RuntimeError, match=r"set_schedule='random:x': the seed after 'random:' must be"):
+        emu.set_schedule("random:x")
+
+
+def test_static_shared_memory_is_per_block_and_uninitialised(emu, fibers, schedule):
+    """Static __shared__ is poisoned per block like dynamic shared memory: never the previous block's values."""
+    blocks, threads = 3, 64
+    for _ in range(2):  # the second launch finds the first one's values there
+        out = torch.zeros(blocks, threads, 2, dtype=torch.int64)
+        emu.probes.static_shared(out)
+        assert (out[..., 0] == POISON).all()
+        right = (torch.arange(threads) + 1) % threads
+        assert torch.equal(out[..., 1], 1000 * torch.arange(blocks).view(-1, 1) + right.view(1, -1))
+
+
+WARP_SUM = sum(100 + lane for lane in range(32))
+# kind: (threads, blocks, what the fixed kernel computes, what the detector says about the bug).
+RACES = {
+    "syncthreads": (256, 1, [100] + [100 + t - 1 for t in range(1, 256)],
+                    r"race_syncthreads_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
+                    r"memory at byte offset \d+ from the lowest static shared address this launch touched: thread "
+                    r"\((\d+), 0, 0\) (wrote|read) it, then this thread (wrote|read) it, with no __syncthreads\(\) "
+                    r"between them"),
+    "syncwarp": (32, 1, [WARP_SUM] + [-7] * 31,
+                 r"race_syncwarp_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
+                 r"memory at byte offset \d+ .*: thread \((\d+), 0, 0\) (wrote|read) it, then this thread (wrote|read) "
+                 r"it, with no __syncthreads\(\) between them and no warp operation \(__syncwarp, shuffle\) of both "
+                 r"lanes"),
+    "last_warp": (256, 1, [sum(100 + t for t in range(256))] + [-7] * 255,
+                  r"race_last_warp_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
+                  r"memory at byte offset \d+ .*: thread \((\d+), 0, 0\) (wrote|read) it, then this thread "
+                  r"(wrote|read) it, with no __syncthreads\(\) between them \(threads of different warps"),
+    "global_write": (64, 2, list(range(128)),
+                     r"race_global_write_kernel: data race on global memory: block \((\d), 0, 0\) thread "
+                     r"\((\d+), 0, 0\) and block \((\d), 0, 0\) thread \((\d+), 0, 0\) both wrote byte offset 0 of "
+                     r"argument 'out' of probes.race \(1024 bytes\)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RACES))
+def test_correct_synchronisation_passes_every_schedule(emu, fibers, schedule, kind):
+    """No false positives: the kernels with their synchronisation give the right result in every order."""
+    threads, blocks, expected, _ = RACES[kind]
+    out = emu.probes.race(kind, True, threads, blocks)
+    assert out.tolist() == expected
+
+
+@pytest.mark.parametrize("kind", sorted(RACES))
+def test_missing_synchronisation_is_a_reported_race(emu, schedule, kind):
+    """A removed __syncthreads, a removed __syncwarp, a reduction finished by the last warp without a
+    barrier, two threads writing one global address: the launch fails naming kernel, address and threads,
+    whatever the order."""
+    threads, blocks, _, message = RACES[kind]
+    with pytest.raises(RuntimeError, match=message) as err:
+        emu.probes.race(kind, False, threads, blocks)
+    ids = [int(g) for g in re.search(message, str(err.value)).groups() if g.isdigit()]
+    if kind == "global_write":
+        assert (ids[0], ids[1]) != (ids[2], ids[3])
+    else:
+        assert ids[0] != ids[1]  # two different threads
+    if kind == "last_warp":
+        assert ids[0] // 32 != ids[1] // 32
+    if kind == "syncwarp":
+        assert ids[0] // 32 == ids[1] // 32
+
+
+@pytest.mark.parametrize("kind", sorted(RACES))
+def test_without_the_detector_the_races_pass_silently(detector, kind):
+    """The detector is what catches them: switched off, each buggy kernel runs without an error, and in
+    one of the fixed orders it even computes the right answer (the order a missing barrier hides in),
+    while the other order shows a wrong one (what the schedules add) -- except for the global write
+    conflict, which only the detector sees."""
+    emu = detector
+    threads, blocks, expected, _ = RACES[kind]
+    emu.set_race_detection(False)
+    results = {}
+    try:
+        for order in ("forward", "reverse"):
+            emu.set_schedule(order)
+            results[order] = emu.probes.race(kind, False, threads, blocks).tolist()
+    finally:
+        emu.set_schedule(None)
+    if kind == "global_write":
+        assert all(r[1:] == [-7] * (threads * blocks - 1) for r in results.values())
+    else:
+        assert expected in results.values()  # silently right in one order
+        assert any(r != expected for r in results.values())  # wrong in the other
+    emu.set_race_detection(True)
+    with pytest.raises(RuntimeError, match=RACES[kind][3]):
+        emu.probes.race(kind, False, threads, blocks)
+
+
+def test_atomics_are_not_races(emu, schedule):
+    """Every thread of several blocks adds to one address with atomicAdd: exempt from the write check."""
+    count, total = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.float64)
+    emu.probes.atomic_add(count, total, 3, 64)
+    assert emu.race_detection() and count.item() == 3 * 64
