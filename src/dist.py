@@ -15,6 +15,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from src.local_gpus import check_processes_fit_gpus
+
 def is_initialized() -> bool:
     """True when a default process group exists."""
     return dist.is_available() and dist.is_initialized()
@@ -73,6 +75,7 @@ def select_device(device: str = "auto") -> torch.device:
             raise RuntimeError(
                 f"device={device!r} was asked for but CUDA is not available; use device=cpu or device=auto"
             )
+        check_processes_fit_gpus(device)  # before any process group: never two ranks on one GPU
         if device == "cuda":
             index = get_local_rank() % torch.cuda.device_count()
             device = f"cuda:{index}"
