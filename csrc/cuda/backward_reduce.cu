@@ -28,6 +28,11 @@ struct ReduceArgs {
 template <typename T>
 __device__ __forceinline__ void store_channel(const ReduceArgs<T>& a, int64_t C, int splits, int64_t c, int64_t g,
                                               at::opmath_type<T> sum_dy, at::opmath_type<T> sum_dy_xmu) {
+#if defined(SYNCTRAIN_SELFCHECK_FAULT)
+  // Only in the deliberately faulty emulated variant (extension.make_emulated_spec(fault=True)): one wrong
+  // result, channel 0's sum(dy * xhat) doubled, which the self-check (src/syncbn/selfcheck.py) must catch.
+  if (c == 0) sum_dy_xmu *= 2;
+#endif
   if (splits == 1) {
     a.out[c] = sum_dy;
     a.out[C + c] = sum_dy_xmu * a.invstd[c];

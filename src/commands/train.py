@@ -37,7 +37,7 @@ from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.logger import setup_logging
 from src.models import build_model
-from src.models.norms import NormSync
+from src.models.norms import NormSync, checked_cuda_syncbn
 
 log = logging.getLogger("src.commands.train")
 
@@ -99,6 +99,7 @@ def _train(cfg: DictConfig, typed: TrainConfig, device: torch.device, run_dir: P
 
     seed_everything(typed.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(typed.model, typed.norm, data.num_classes).to(device, PRECISIONS[settings.dtype])
+    model = checked_cuda_syncbn(model, typed.norm, device)  # norm.cuda_selfcheck: our kernels vs torch's on this GPU
     norm_sync = NormSync(model, typed.norm, settings.dist_timeout_s)  # collective with norm.group_size
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
