@@ -145,3 +145,18 @@ def test_config_key_is_validated_early():
     with pytest.raises(ValueError, match="norm.cuda_selfcheck=fallback cannot keep norm.group_size"):
         NormConfig(name="syncbn", cuda_selfcheck="fallback", group_size=2).validate(device=None)
     NormConfig(name="syncbn", cuda_selfcheck="off").validate(device=None)
+
+
+@pytest.mark.cuda
+def test_selfcheck_on_the_gpu_passes_within_a_second(tmp_path, monkeypatch):
+    """On a real GPU: our kernels agree with torch.batch_norm_* and float64; warm, under a second; remembered."""
+    from src.syncbn.extension import load_extension
+
+    ops = load_extension()
+    selfcheck.run_selfcheck(ops, "cuda:0")  # cold: module load, allocator
+    report = selfcheck.run_selfcheck(ops, "cuda:0")
+    assert "torch.batch_norm_*" in report.references
+    assert report.seconds < 1.0, report.summary()
+    monkeypatch.setenv("SYNCTRAIN_EXTENSIONS_DIR", str(tmp_path))
+    assert selfcheck.ensure_cuda_kernels_checked(torch.device("cuda", 0), "error", ops=ops)
+    assert json.loads(selfcheck.cache_path().read_text())
