@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -169,6 +170,18 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
     });
   });
   return dx;
+}
+
+void backward_elemt_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "backward_elemt_channels_first<float,4>", backward_elemt_channels_first_kernel<float, float, 4>,
+                kThreads);
+  add_occupancy(out, "backward_elemt_channels_first<bfloat16,8>",
+                backward_elemt_channels_first_kernel<at::BFloat16, float, 8>, kThreads);
+  add_occupancy(out, "backward_elemt_channels_last<float,4>", backward_elemt_channels_last_kernel<float, float, 4>,
+                kThreads);
+  add_occupancy(out, "backward_elemt_channels_last<bfloat16,8>",
+                backward_elemt_channels_last_kernel<at::BFloat16, float, 8>, kThreads);
 }
 
 }  // namespace syncbn::cuda

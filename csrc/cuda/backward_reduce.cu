@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -196,6 +197,17 @@ at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tens
       launch_backward_reduce<scalar_t, 1>(args, l, x.get_device(), x);
   });
   return out;
+}
+
+void backward_reduce_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "backward_reduce_channels_first<float,4>", backward_reduce_channels_first_kernel<float, 4>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_first<bfloat16,8>",
+                backward_reduce_channels_first_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_last<float,4>", backward_reduce_channels_last_kernel<float, 4>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_last<bfloat16,8>",
+                backward_reduce_channels_last_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "backward_reduce_finalize<float>", backward_reduce_finalize_kernel<float>, 32 * kFinalizeWarps);
 }
 
 }  // namespace syncbn::cuda
