@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 NPROC    ?= 2
 ARGS     ?=
 
-.PHONY: setup system-deps train test test-fast build-ext clean
+.PHONY: setup system-deps train test test-fast build-ext gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -39,5 +39,12 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
 # Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.
+# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests,
+# compute-sanitizer, NCCL training compare, benchmark, occupancy; report in OUT (default outputs/gpu_check).
+# No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
+OUT ?= outputs/gpu_check
+gpu-check:
+	bash scripts/gpu_check.sh $(OUT)
+
 clean:
 	rm -rf build .cache .pytest_cache

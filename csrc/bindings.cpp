@@ -12,6 +12,9 @@
 // Python functions: the same five, bound directly (the module's attributes), for kernel tests and
 // benchmarks that call the kernels without the dispatcher.
 #include "syncbn.h"
+#ifdef SYNCBN_WITH_CUDA
+#include "cuda/occupancy.h"
+#endif
 
 namespace {
 
@@ -119,4 +122,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_backward_elemt", &syncbn::batch_norm_backward_elemt, py::arg("grad_out"),
         py::arg("input"), py::arg("mean"), py::arg("invstd"), py::arg("weight"), py::arg("reduced"),
         py::arg("count"), "dx from the all-reduced [sum_dy, sum_dy_xhat] and the global count.");
+#ifdef SYNCBN_WITH_CUDA
+  m.def("kernel_occupancy", [](int device) {
+        py::list out;
+        for (const auto& k : syncbn::cuda::kernel_occupancy(device)) {
+          py::dict d;
+          d["kernel"] = k.kernel;
+          d["block_threads"] = k.block_threads;
+          d["blocks_per_sm"] = k.blocks_per_sm;
+          d["max_threads_per_sm"] = k.max_threads_per_sm;
+          d["occupancy"] = double(k.blocks_per_sm * k.block_threads) / double(k.max_threads_per_sm);
+          d["registers"] = k.registers;
+          d["local_bytes"] = k.local_bytes;
+          out.append(d);
+        }
+        return out;
+      }, py::arg("device") = 0,
+      "Resident blocks per SM of every kernel on CUDA device `device` (cudaOccupancyMaxActiveBlocksPerMultiprocessor), "
+      "with registers and local memory per thread.");
+#endif
 }

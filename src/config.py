@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from src.data import dataset_task
 from src.data.config import DataConfig
 from src.logger_config import LoggerConfig
+from src.local_gpus import check_processes_fit_gpus
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.signal_names import parse_signals
 
@@ -268,6 +269,11 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     typed: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     if typed.device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")
+    if world_size is not None:  # a training launch: one GPU per local process (src/local_gpus.py)
+        try:
+            check_processes_fit_gpus(typed.device)
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.logger):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,

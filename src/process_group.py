@@ -17,6 +17,7 @@ import torch
 import torch.distributed as torch_dist
 
 from src.dist import get_local_rank, is_initialized
+from src.local_gpus import check_processes_fit_gpus
 
 
 def launched_distributed() -> bool:
@@ -40,6 +41,7 @@ def select_device(device: str = "auto") -> torch.device:
             raise RuntimeError(
                 f"device={device!r} was asked for but CUDA is not available; use device=cpu or device=auto"
             )
+        check_processes_fit_gpus(device)  # before any process group: never two ranks on one GPU
         if device == "cuda":
             index = get_local_rank() % torch.cuda.device_count()
             device = f"cuda:{index}"

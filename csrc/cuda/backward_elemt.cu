@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -26,21 +27,25 @@ struct BackwardArgs {
 
 // Per-channel coefficients: dx = a * (dy - mdy - (x - mu) * k). A zero global count (every rank empty)
 // gives dx = 0, as the contract says, without dividing by it: the kernels store zeros then (a = 0 alone
-// would turn an inf or NaN in x or dy into NaN).
+// would turn an inf or NaN in x or dy into NaN). A NaN count (gather's signal for invalid rows) gives
+// inv_n = NaN and so NaN everywhere, as the forward's outputs and the CPU op are.
 template <typename T, typename P, typename acc_t>
 __device__ __forceinline__ void channel_coefficients(const BackwardArgs<T, P, acc_t>& p, int64_t C, int64_t c,
                                                      acc_t inv_n, acc_t& mu, acc_t& a, acc_t& mdy, acc_t& k) {
   const acc_t is = p.invstd[c];
   mu = p.mean[c];
-  a = inv_n > acc_t(0) ? is * (p.weight != nullptr ? acc_t(p.weight[c]) : acc_t(1)) : acc_t(0);
+  a = inv_n != acc_t(0) ? is * (p.weight != nullptr ? acc_t(p.weight[c]) : acc_t(1)) : acc_t(0);
   mdy = p.reduced[c] * inv_n;
   k = p.reduced[C + c] * inv_n * is;
 }
 
+// 1 / n; 0 for n <= 0 (no values anywhere: dx = 0); NaN for a NaN count (`n > 0` alone is false for NaN,
+// which silently gave dx = 0).
 template <typename acc_t>
 __device__ __forceinline__ acc_t inverse_count(SYNCBN_PTR(const double) count) {
   const double n = *count;
-  return n > 0.0 ? acc_t(1.0 / n) : acc_t(0);
+  if (n > 0.0) return acc_t(1.0 / n);
+  return n != n ? acc_t(n) : acc_t(0);
 }
 
 template <typename T, typename P, int VEC>
@@ -51,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_first_kernel
   const int64_t c = blockIdx.x;
   const int64_t sv = S / VEC;
   const acc_t inv_n = inverse_count<acc_t>(p.count);
-  const bool none = !(inv_n > acc_t(0));
+  const bool none = inv_n == acc_t(0);  // NaN: computed (and NaN), not zeroed
   acc_t mu, a, mdy, k;
   channel_coefficients(p, C, c, inv_n, mu, a, mdy, k);
   const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_last_kernel(
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   if (c0 >= C) return;  // no barrier in this kernel
   const acc_t inv_n = inverse_count<acc_t>(p.count);
-  const bool none = !(inv_n > acc_t(0));
+  const bool none = inv_n == acc_t(0);  // NaN: computed (and NaN), not zeroed
   acc_t mu[VEC], a[VEC], mdy[VEC], k[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) channel_coefficients(p, C, c0 + i, inv_n, mu[i], a[i], mdy[i], k[i]);
@@ -165,6 +170,18 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
     });
   });
   return dx;
+}
+
+void backward_elemt_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "backward_elemt_channels_first<float,4>", backward_elemt_channels_first_kernel<float, float, 4>,
+                kThreads);
+  add_occupancy(out, "backward_elemt_channels_first<bfloat16,8>",
+                backward_elemt_channels_first_kernel<at::BFloat16, float, 8>, kThreads);
+  add_occupancy(out, "backward_elemt_channels_last<float,4>", backward_elemt_channels_last_kernel<float, float, 4>,
+                kThreads);
+  add_occupancy(out, "backward_elemt_channels_last<bfloat16,8>",
+                backward_elemt_channels_last_kernel<at::BFloat16, float, 8>, kThreads);
 }
 
 }  // namespace syncbn::cuda

@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -28,6 +29,11 @@ struct ReduceArgs {
 template <typename T>
 __device__ __forceinline__ void store_channel(const ReduceArgs<T>& a, int64_t C, int splits, int64_t c, int64_t g,
                                               at::opmath_type<T> sum_dy, at::opmath_type<T> sum_dy_xmu) {
+#if defined(SYNCTRAIN_SELFCHECK_FAULT)
+  // Only in the deliberately faulty emulated variant (extension.make_emulated_spec(fault=True)): one wrong
+  // result, channel 0's sum(dy * xhat) doubled, which the self-check (src/syncbn/selfcheck.py) must catch.
+  if (c == 0) sum_dy_xmu *= 2;
+#endif
   if (splits == 1) {
     a.out[c] = sum_dy;
     a.out[C + c] = sum_dy_xmu * a.invstd[c];
@@ -191,6 +197,17 @@ at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tens
       launch_backward_reduce<scalar_t, 1>(args, l, x.get_device(), x);
   });
   return out;
+}
+
+void backward_reduce_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "backward_reduce_channels_first<float,4>", backward_reduce_channels_first_kernel<float, 4>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_first<bfloat16,8>",
+                backward_reduce_channels_first_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_last<float,4>", backward_reduce_channels_last_kernel<float, 4>, kThreads);
+  add_occupancy(out, "backward_reduce_channels_last<bfloat16,8>",
+                backward_reduce_channels_last_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "backward_reduce_finalize<float>", backward_reduce_finalize_kernel<float>, 32 * kFinalizeWarps);
 }
 
 }  // namespace syncbn::cuda

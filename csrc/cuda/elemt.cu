@@ -8,6 +8,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -134,6 +135,14 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
     });
   });
   return y;
+}
+
+void elemt_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "elemt_channels_first<float,4>", elemt_channels_first_kernel<float, float, 4>, kThreads);
+  add_occupancy(out, "elemt_channels_first<bfloat16,8>", elemt_channels_first_kernel<at::BFloat16, float, 8>, kThreads);
+  add_occupancy(out, "elemt_channels_last<float,4>", elemt_channels_last_kernel<float, float, 4>, kThreads);
+  add_occupancy(out, "elemt_channels_last<bfloat16,8>", elemt_channels_last_kernel<at::BFloat16, float, 8>, kThreads);
 }
 
 }  // namespace syncbn::cuda

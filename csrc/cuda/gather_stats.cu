@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -119,6 +120,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
       launch_gather<float, scalar_t>(rows, C, mean, invstd, count, rm, rv, nbt, momentum, eps);
   });
   return {mean, invstd, count};
+}
+
+void gather_stats_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "gather_stats<float,float>", gather_stats_kernel<float, float>, 128);
+  add_occupancy(out, "gather_stats<double,double>", gather_stats_kernel<double, double>, 128);
 }
 
 }  // namespace syncbn::cuda

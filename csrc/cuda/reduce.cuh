@@ -67,6 +67,8 @@ struct Welford {
   }
 
   // Chan et al.: M2 = M2a + M2b + d^2 * na * nb / n. An empty side leaves the other unchanged.
+  // d * (d * cross), not d * d * cross: with an empty side cross = 0 and |d| = |mean| may exceed
+  // sqrt(FLT_MAX) (~1.8e19) while M2 itself is small, so d * d would be inf and inf * 0 NaN.
   __device__ __forceinline__ void merge(const Welford& o) {
     const acc_t tot = n + o.n;
     const acc_t w = tot > acc_t(0) ? o.n / tot : acc_t(0);
@@ -75,9 +77,20 @@ struct Welford {
     for (int v = 0; v < V; ++v) {
       const acc_t d = o.mean[v] - mean[v];
       mean[v] += d * w;
-      m2[v] += o.m2[v] + d * d * cross;
+      m2[v] += o.m2[v] + d * (d * cross);
     }
     n = tot;
+  }
+
+  // The result of a reduction that could not be done (see block_reduce): NaN, never a plausible number.
+  __device__ __forceinline__ void set_nan() {
+    const acc_t nan = acc_t(::nan(""));
+    n = nan;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      mean[v] = nan;
+      m2[v] = nan;
+    }
   }
 
   __device__ __forceinline__ Welford shfl_xor(int lane_mask) const {
@@ -115,7 +128,7 @@ __device__ __forceinline__ void welford_chunk(Welford<acc_t, V>& s, const acc_t 
     }
     const acc_t d = cm - s.mean[v];
     s.mean[v] += d * w;
-    s.m2[v] += cm2 + d * d * cross;
+    s.m2[v] += cm2 + d * (d * cross);  // cross = 0 on the first chunk: see Welford::merge
   }
   s.n = tot;
 }
@@ -142,6 +155,15 @@ struct SumPair {
     }
   }
 
+  __device__ __forceinline__ void set_nan() {
+    const acc_t nan = acc_t(::nan(""));
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      a[v] = nan;
+      b[v] = nan;
+    }
+  }
+
   __device__ __forceinline__ SumPair shfl_xor(int lane_mask) const {
     SumPair o;
 #pragma unroll
@@ -153,24 +175,36 @@ struct SumPair {
   }
 };
 
-// Reduces `s` over the threads of a kThreads block that share the same column tx = tid % group, where
-// `group` is a power of two <= 32 (group = 1 reduces the whole block). Threads are linearised x-fastest,
-// so lanes of one column sit `group` apart in a warp: a butterfly over offsets group..16 merges them,
-// then one thread per column merges the kWarps warp results in a fixed order (deterministic).
+// Reduces `s` over the threads of a block that share the same column tx = tid % group, where `group` is a
+// power of two <= 32 (group = 1 reduces the whole block). Threads are linearised x-fastest, so lanes of one
+// column sit `group` apart in a warp: a butterfly over offsets group..16 merges them, then one thread per
+// column merges the warp results in a fixed order (deterministic). Every launch today uses kThreads
+// threads, but the block may be any whole number of warps up to kThreads: only the warps the block has are
+// merged (unwritten shared slots hold garbage on a GPU). Any other block (more than kThreads threads would
+// overrun `partial`; a partial warp makes the full-mask shuffles undefined) gets NaN: a device-side guard
+// that turns a wrong launch into a visible NaN instead of a plausible wrong number. The condition is
+// uniform over the block, so no thread reaches the barrier alone.
 // Every thread of the block must call it (it has a __syncthreads). The result is valid where tid < group.
 template <typename State>
 __device__ __forceinline__ State block_reduce(State s, int group) {
+  const int threads = int(blockDim.x * blockDim.y * blockDim.z);
+  if (threads > kThreads || threads % 32 != 0) {
+    s.set_nan();
+    return s;
+  }
   for (int off = group; off < 32; off <<= 1) s.merge(s.shfl_xor(off));
   __shared__ State partial[kWarps][32];
-  const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+  const int tid = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int lane = tid & 31;
   const int warp = tid >> 5;
+  const int warps = threads >> 5;
   if (lane < group) partial[warp][lane] = s;
   __syncthreads();
   if (tid < group) {
     s = partial[0][tid];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) s.merge(partial[w][tid]);
+    for (int w = 1; w < kWarps; ++w)
+      if (w < warps) s.merge(partial[w][tid]);
   }
   return s;
 }

@@ -9,6 +9,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "launch.cuh"
+#include "occupancy.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -192,6 +193,15 @@ at::Tensor batch_norm_stats(const at::Tensor& input) {
       launch_stats<scalar_t, 1>(x, l, out, count);
   });
   return out;
+}
+
+void stats_occupancy(std::vector<KernelOccupancy>& out) {
+  using namespace detail;
+  add_occupancy(out, "stats_channels_first<float,4>", stats_channels_first_kernel<float, 4>, kThreads);
+  add_occupancy(out, "stats_channels_first<bfloat16,8>", stats_channels_first_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "stats_channels_last<float,4>", stats_channels_last_kernel<float, 4>, kThreads);
+  add_occupancy(out, "stats_channels_last<bfloat16,8>", stats_channels_last_kernel<at::BFloat16, 8>, kThreads);
+  add_occupancy(out, "stats_finalize", stats_finalize_kernel, 32 * kFinalizeWarps);
 }
 
 }  // namespace syncbn::cuda

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "../cuda/reduce_probe.h"
 #include "../ops.h"
 #include "device_memory.h"
 #include "device_props.h"
@@ -149,4 +150,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   p.def("race", &probes::race, py::arg("kind"), py::arg("fixed"), py::arg("threads"), py::arg("blocks") = 1);
   p.def("fault", &probes::fault, py::arg("kind"));
   p.def("fault_kinds", &probes::fault_kinds);
+  p.def("block_reduce_sum", &syncbn::cuda::probes::block_reduce_sum, py::arg("values"), py::arg("group"));
 }

@@ -45,6 +45,7 @@ from src.logger import setup_logging
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
+from src.models.norms import checked_cuda_syncbn
 
 log = logging.getLogger("src.commands.train")
 
@@ -144,6 +145,7 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     """The model as training starts from it: the same initial weights on every rank, norm groups formed."""
     seed_everything(config.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(config.model, config.norm, num_classes).to(device, PRECISIONS[config.trainer.dtype])
+    model = checked_cuda_syncbn(model, config.norm, device)  # norm.cuda_selfcheck: our kernels vs torch's on this GPU
     if config.trainer.activation_checkpointing:
         regions = enable_activation_checkpointing(model, MODELS.get(config.model.name).info["family"])
         log.info("activation checkpointing: %s", ", ".join(regions))

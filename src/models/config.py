@@ -147,6 +147,10 @@ class NormConfig:
     sync_every: int = 1
     # syncbn only: synchronised for the first S optimizer steps, per-rank statistics after; null = always.
     sync_until_step: Optional[int] = None
+    # syncbn on a GPU only: before training, check our CUDA kernels against PyTorch's on this GPU (once per
+    # GPU, driver and build; docs/gpu.md). error: stop on a disagreement | fallback: use torch's
+    # nn.SyncBatchNorm instead, with a warning | off: skip the check.
+    cuda_selfcheck: str = "error"
 
     def validate(self, device: Optional[str] = "auto", world_size: Optional[int] = None) -> None:
         """Raise ValueError naming the bad key; device (auto|cpu|cuda, None = skip) checks the GPU needs of (torch_)syncbn,
@@ -165,6 +169,18 @@ class NormConfig:
         if self.name == "syncbn" and device is not None and device != "cpu":
             _check_syncbn_cuda_kernels(device)
         self._validate_sync_modes(world_size)
+        self._validate_cuda_selfcheck()
+
+    def _validate_cuda_selfcheck(self) -> None:
+        from src.syncbn.selfcheck import check_mode
+
+        check_mode(self.cuda_selfcheck)
+        modes = {"group_size": (self.group_size, None), "sync_every": (self.sync_every, 1),
+                 "sync_until_step": (self.sync_until_step, None)}
+        changed = [key for key, (value, default) in modes.items() if value != default]
+        if self.cuda_selfcheck == "fallback" and changed:
+            raise ValueError(f"norm.cuda_selfcheck=fallback cannot keep norm.{changed[0]} (torch's nn.SyncBatchNorm "
+                             f"has no such mode): use norm.cuda_selfcheck=error, or drop norm.{changed[0]}")
 
     def _validate_sync_modes(self, world_size: Optional[int]) -> None:
         modes = {"group_size": (self.group_size, None), "sync_every": (self.sync_every, 1),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
 from collections import Counter
 from typing import Callable
 
+import torch
 from torch import nn
 
 from src.models.config import NormConfig
@@ -145,6 +147,21 @@ def finalize_norms(model: nn.Module, norm_cfg: NormConfig) -> nn.Module:
                 for param in module.parameters(recurse=False):
                     param.requires_grad_(False)
     return model
+
+
+def checked_cuda_syncbn(model: nn.Module, norm_cfg: NormConfig, device: torch.device) -> nn.Module:
+    """norm=syncbn on a GPU: self-check our CUDA kernels there first (norm.cuda_selfcheck); returns the model,
+    or, after a failed check with cuda_selfcheck=fallback, the same model with torch's nn.SyncBatchNorm
+    (same Parameter and buffer objects). Anything else is returned unchanged."""
+    if norm_cfg.name != "syncbn" or device.type != "cuda":
+        return model
+    from src.syncbn import revert_sync_batchnorm
+    from src.syncbn.selfcheck import ensure_cuda_kernels_checked
+
+    if ensure_cuda_kernels_checked(device, norm_cfg.cuda_selfcheck):
+        return model
+    fallback = dataclasses.replace(norm_cfg, name="torch_syncbn")
+    return finalize_norms(revert_sync_batchnorm(model), fallback)
 
 
 def count_norm_layers(model: nn.Module) -> dict[str, int]:

@@ -202,18 +202,25 @@ def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) 
                      with_cuda=with_cuda, cpu_capability=cap, cuda_arch_list=arch, env=env)
 
 
-def make_emulated_spec() -> BuildSpec:
-    """The CUDA kernels compiled by the host compiler against the SIMT emulation (csrc/simt/); no nvcc."""
+def make_emulated_spec(fault: bool = False) -> BuildSpec:
+    """The CUDA kernels compiled by the host compiler against the SIMT emulation (csrc/simt/); no nvcc.
+
+    fault=True: the variant built with SYNCTRAIN_SELFCHECK_FAULT, whose batch_norm_backward_reduce returns
+    one wrong value on purpose (channel 0's sum(dy * xhat) doubled), for the self-check's own test.
+    """
     sources = [*sorted((CSRC / "simt").glob("*.cpp")), *sorted((CSRC / "simt").glob("*.cu")),
                *sorted((CSRC / "cuda").glob("*.cu"))]
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
     # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
     cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
+    if fault:
+        cflags.append("-DSYNCTRAIN_SELFCHECK_FAULT")
     # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its
     # runtime) to the kernel sources (*.cu) only: their loads and stores call the race detector's hooks.
     wrapper = CSRC / "simt" / "instrumented_cxx.sh"
     env = {"CXX": str(wrapper), "SYNCTRAIN_SIMT_CXX": os.environ.get("SYNCTRAIN_SIMT_CXX") or os.environ.get("CXX") or "c++"}
-    name = f"syncbn_cudaemu_{_digest([*sources, wrapper], _headers('cuda', 'simt'), [cflags], [env['SYNCTRAIN_SIMT_CXX']])}"
+    kind = "cudaemufault" if fault else "cudaemu"
+    name = f"syncbn_{kind}_{_digest([*sources, wrapper], _headers('cuda', 'simt'), [cflags], [env['SYNCTRAIN_SIMT_CXX']])}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
                      cflags=tuple(cflags), cuda_cflags=(), ldflags=(), with_cuda=False,
                      cpu_capability="default", cuda_arch_list=None, env=env)
@@ -409,7 +416,7 @@ def cuda_kernels_problem() -> str | None:
     return toolkit.missing_toolkit_message(toolkit.find_cuda_toolkit())
 
 
-def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100") -> ModuleType:
+def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100", *, fault: bool = False) -> ModuleType:
     """The CUDA kernels run on the CPU by the SIMT emulation, emulating `device`; ops take CPU tensors.
 
     `device`: a preset ("h100" = "h200": 132 SMs, "a100": 108, "orin": 16 SMs x 1536 threads), a preset
@@ -418,9 +425,10 @@ def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100") -> Mo
     another device switches every later launch to that device. Built on first use (host compiler,
     about 70 s of CPU time), cached like the other variants. Besides the five ops the module has
     `set_device`, `device`, `record_launches` / `launches` (kernel names and geometry), `counters`
-    and `probes` (kernels that test the emulator itself).
+    and `probes` (kernels that test the emulator itself). fault=True: the deliberately faulty variant
+    (make_emulated_spec), a separate build used only to show that the self-check catches a wrong result.
     """
-    module = _load(make_emulated_spec())
+    module = _load(make_emulated_spec(fault))
     if not isinstance(device, str):
         device = ",".join(f"{k}={int(v)}" for k, v in device.items())
     module.set_device(device)

@@ -1,0 +1,30 @@
+// Resident blocks per SM of each SyncBN kernel on a device (cudaOccupancyMaxActiveBlocksPerMultiprocessor),
+// for `make gpu-check`: launch.cuh sizes grids for kThreads-thread blocks assuming 8 fit on an SM, which
+// register pressure may deny (ptxas reports 97-126 registers for the 16-bit kernels). Each .cu file lists
+// its own kernels (they live in anonymous namespaces) with add_occupancy (occupancy.cuh); occupancy.cu
+// gathers the lists. Plain C++: csrc/bindings.cpp includes it.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace syncbn::cuda {
+
+struct KernelOccupancy {
+  std::string kernel;      // name<dtype, vector width> as the dispatch instantiates it
+  int block_threads;       // threads per block of its launches
+  int blocks_per_sm;       // resident blocks per SM
+  int max_threads_per_sm;  // the SM's thread slots
+  int registers;           // per thread (-1: unknown, the emulated build)
+  int local_bytes;         // per thread, spills included (-1: unknown)
+};
+
+void stats_occupancy(std::vector<KernelOccupancy>& out);
+void gather_stats_occupancy(std::vector<KernelOccupancy>& out);
+void elemt_occupancy(std::vector<KernelOccupancy>& out);
+void backward_reduce_occupancy(std::vector<KernelOccupancy>& out);
+void backward_elemt_occupancy(std::vector<KernelOccupancy>& out);
+
+// Every kernel's occupancy on CUDA device `device` (fp32 and bf16 instantiations, both layouts, finalizers).
+std::vector<KernelOccupancy> kernel_occupancy(int device);
+
+}  // namespace syncbn::cuda

@@ -1,0 +1,153 @@
+"""What the SyncBN CUDA self-check runs (src/syncbn/selfcheck.py): its cases, their inputs, the float64
+reference of each op, and the tolerances.
+
+Each case simulates a small process group inside one process: the global batch is split along N into
+ranks (an empty rank included), so every op runs as SyncBatchNorm chains it: stats per rank, one gather,
+elemt per rank, backward_reduce per rank, their sum (the all_reduce), backward_elemt per rank. Every op
+is checked in isolation: its reference gets exactly the inputs the op got (the kernels' own upstream
+outputs), so a disagreement names the op that produced it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+EPS = 1e-5
+MOMENTUM = 0.1
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "batch_norm_backward_reduce",
+       "batch_norm_backward_elemt")
+
+# Tolerances, as rtol and as atol relative to the largest |reference| of the output compared:
+# - Reductions (statistics, running stats, backward sums) accumulate in fp32 (fp64 for fp64 input) over at
+#   most 16k values per rank and channel: chunked Welford / pairwise-like sums keep the relative error near
+#   1e-6; 1e-4 leaves room for a GPU's fused multiply-adds and another summation order (PyTorch's kernels),
+#   while a wrong result (a lost tail, a wrong channel, a bad merge) is off by O(1). fp64: 1e-9.
+# - Elementwise outputs (y, dx) are computed in fp32 (fp64) and rounded once to the input dtype; they may
+#   differ from the float64 result by a rounding step (fp16 2^-11, bf16 2^-8 relative) and by the fp32
+#   arithmetic of dx's three terms: 4 units of the dtype's last place of the largest output.
+REDUCE_TOL = {torch.float64: 1e-9}
+REDUCE_TOL_DEFAULT = 1e-4
+ELEMENT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One self-check input: global shape, layout, per-rank batch sizes along N, and what it is there for."""
+
+    shape: tuple[int, ...]
+    layout: str  # "contiguous" | "channels_last"
+    ranks: tuple[int, ...]
+    why: str
+
+    @property
+    def name(self) -> str:
+        """Short id for messages, e.g. 5x8x4x6-contiguous-ranks3+2."""
+        return f"{'x'.join(map(str, self.shape))}-{self.layout}-ranks{'+'.join(map(str, self.ranks))}"
+
+
+CASES = (
+    Case((5, 8, 4, 6), "contiguous", (3, 2), "NCHW, S = 24: vector loads for every width, partial unrolled chunks"),
+    Case((6, 16, 3, 3), "channels_last", (4, 0, 2), "channels_last, C = 16: vectorised rows; an empty rank"),
+    Case((4, 5, 3, 7), "channels_last", (2, 2), "C = 5, S = 21: scalar paths, inactive lanes, odd tails"),
+    Case((2, 4, 128, 128), "contiguous", (1, 1), "one sample, large plane: the plane is split across blocks"),
+)
+
+
+def make_case_inputs(case: Case, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
+    """(xs, dys, weight, bias): per-rank inputs in the case's layout on `device`, and the affine parameters
+    (fp32 for fp16/bf16 input, as under autocast; the input dtype otherwise). Values come from a CPU
+    generator, so every device sees the same data."""
+    gen = torch.Generator().manual_seed(seed)
+    c = case.shape[1]
+    chan = torch.linspace(-1.0, 1.0, c, dtype=torch.float64).view([1, c] + [1] * (len(case.shape) - 2))
+    x = torch.randn(case.shape, generator=gen, dtype=torch.float64) + 0.5 + chan
+    dy = torch.randn(case.shape, generator=gen, dtype=torch.float64) - 0.25 * chan
+    pdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    weight = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).to(pdt).to(device)
+    bias = torch.randn(c, generator=gen, dtype=torch.float64).to(pdt).to(device)
+    fmt = torch.channels_last if case.layout == "channels_last" else torch.contiguous_format
+    xs, dys, start = [], [], 0
+    for n in case.ranks:
+        xs.append(x[start:start + n].to(dtype).to(device).contiguous(memory_format=fmt))
+        dys.append(dy[start:start + n].to(dtype).to(device).contiguous(memory_format=fmt))
+        start += n
+    return xs, dys, weight, bias
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels' accumulation dtype for `dtype` input."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """(N, C, *) -> (C, N * prod(*)) in float64 on the CPU, whatever the layout."""
+    return x.detach().double().cpu().transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def _bcast(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return v.detach().double().cpu().view([1, -1] + [1] * (x.dim() - 2))
+
+
+def ref_stats(x: torch.Tensor) -> torch.Tensor:
+    """[count, mean(C), M2(C)] of x in float64."""
+    f = _flat(x)
+    n = f.shape[1]
+    mean = f.mean(1) if n else torch.zeros(f.shape[0], dtype=torch.float64)
+    m2 = ((f - mean[:, None]) ** 2).sum(1) if n else torch.zeros_like(mean)
+    return torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean, m2])
+
+
+def ref_gather(rows: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor):
+    """(mean, invstd, count, new running_mean, new running_var) of the gathered rows, in float64."""
+    rows = rows.detach().double().cpu()
+    c = (rows.shape[1] - 1) // 2
+    counts, means, m2s = rows[:, 0], rows[:, 1:1 + c], rows[:, 1 + c:]
+    n = counts.sum()
+    mean = (counts[:, None] * means).sum(0) / n
+    m2 = m2s.sum(0) + (counts[:, None] * (means - mean) ** 2).sum(0)
+    invstd = torch.rsqrt(m2 / n + EPS)
+    rm = running_mean.double().cpu() * (1 - MOMENTUM) + MOMENTUM * mean
+    rv = running_var.double().cpu() * (1 - MOMENTUM) + MOMENTUM * m2 / (n - 1)
+    return mean, invstd, n, rm, rv
+
+
+def ref_elemt(x, weight, bias, mean, invstd) -> torch.Tensor:
+    """(x - mean) * invstd * weight + bias in float64."""
+    return ((x.detach().double().cpu() - _bcast(mean, x)) * _bcast(invstd, x) * _bcast(weight, x)
+            + _bcast(bias, x))
+
+
+def ref_backward_reduce(dy, x, mean, invstd) -> torch.Tensor:
+    """[sum(dy), sum(dy * xhat)] per channel in float64."""
+    xhat = (x.detach().double().cpu() - _bcast(mean, x)) * _bcast(invstd, x)
+    return torch.cat([_flat(dy).sum(1), _flat(dy.double().cpu() * xhat).sum(1)])
+
+
+def ref_backward_elemt(dy, x, mean, invstd, weight, reduced, count) -> torch.Tensor:
+    """weight * invstd * (dy - sum_dy / n - xhat * sum_dy_xhat / n) in float64."""
+    c, n = x.shape[1], float(count)
+    red = reduced.detach().double().cpu()
+    xhat = (x.detach().double().cpu() - _bcast(mean, x)) * _bcast(invstd, x)
+    return (_bcast(weight, x) * _bcast(invstd, x)
+            * (dy.detach().double().cpu() - _bcast(red[:c], x) / n - xhat * _bcast(red[c:], x) / n))
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> tuple[float, float, int] | None:
+    """None when |actual - expected| <= tol * (|expected| + max |expected|) everywhere (NaN never passes);
+    else (max abs difference, allowed there, flat index of the worst element)."""
+    a, e = actual.detach().double().cpu().reshape(-1), expected.detach().double().cpu().reshape(-1)
+    if a.shape != e.shape:
+        return float("inf"), 0.0, -1
+    if a.numel() == 0:
+        return None
+    scale = float(e.abs().max())
+    allowed = tol * (e.abs() + scale)
+    diff = (a - e).abs()
+    bad = ~(diff <= allowed)  # NaN compares false: it fails
+    if not bool(bad.any()):
+        return None
+    excess = torch.where(bad, diff.nan_to_num(float("inf")) - allowed, torch.full_like(diff, -1.0))
+    i = int(excess.argmax())
+    return float(diff[i]), float(allowed[i]), i
