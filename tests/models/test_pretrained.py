@@ -172,7 +172,7 @@ def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Pa
 
     import src.config  # noqa: F401
     from src.config import config_dict, validate_config
-    from src.engine.checkpoint.files import save_checkpoint
+    from src.engine.checkpoint.files import atomic_write_bytes, serialize
     from src.engine.checkpoint.state import TrainState
     from src.engine.checkpoint.trained_run import load_trained_run
     from src.engine.optim import build_optimizer, build_scheduler
@@ -187,7 +187,7 @@ def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Pa
     state = TrainState(model, optimizer, build_scheduler(optimizer, cfg.sched, 1, 1),
                        torch.amp.GradScaler("cpu", enabled=False), config=config_dict(cfg),
                        class_names=["a", "b", "c", "d"])
-    save_checkpoint(state.state_dict(), tmp_path / "last.pt")
+    atomic_write_bytes(serialize(state.state_dict()), tmp_path / "last.pt")
     import shutil
 
     shutil.rmtree(caches[1])

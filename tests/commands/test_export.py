@@ -24,12 +24,12 @@ import src.config  # noqa: F401  (registers train_schema)
 from src.commands.export import FORMATS, SUFFIXES, inference_module, load_trained_model, run
 from src.config import config_dict, validate_config
 from src.data import build_datasets
-from src.engine.checkpoint.files import save_checkpoint
+from src.engine.checkpoint.files import atomic_write_bytes, serialize
 from src.engine.checkpoint.state import TrainState
 from src.engine.optim import build_optimizer, build_scheduler
 from src.models import build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXACT_ATOL = 1e-5  # ExportedProgram / TorchScript: PyTorch's kernels (measured 0)
 ORT_ATOL, ORT_RTOL = 1e-4, 1e-5  # onnxruntime's kernels (measured <= 1.4e-6)
 
@@ -49,7 +49,8 @@ def _compose(overrides: list[str]):
 
 def _write_checkpoint(path: Path, overrides: list[str]) -> dict[str, torch.Tensor]:
     """Build the model with norm=syncbn, give every tensor (running statistics too) random values, and write a
-    checkpoint through TrainState.state_dict + save_checkpoint, as training does. Returns the weights."""
+    checkpoint through TrainState.state_dict + the checkpoint writer (serialize, atomic_write_bytes), as training does.
+    Returns the weights."""
     cfg = _compose(overrides)
     names = build_datasets(cfg.data, seed=0).class_names
     torch.manual_seed(0)
@@ -71,7 +72,7 @@ def _write_checkpoint(path: Path, overrides: list[str]) -> dict[str, torch.Tenso
     scheduler = build_scheduler(optimizer, cfg.sched, 1, cfg.trainer.epochs)
     state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False),
                        config=config_dict(cfg), class_names=list(names))
-    save_checkpoint(state.state_dict(), path)
+    atomic_write_bytes(serialize(state.state_dict()), path)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
