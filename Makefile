@@ -38,7 +38,6 @@ test: setup system-deps
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
-# Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.
 # GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests,
 # compute-sanitizer, NCCL training compare, benchmark, occupancy; report in OUT (default outputs/gpu_check).
 # No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
@@ -46,5 +45,6 @@ OUT ?= outputs/gpu_check
 gpu-check:
 	bash scripts/gpu_check.sh $(OUT)
 
+# Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.
 clean:
 	rm -rf build .cache .pytest_cache
