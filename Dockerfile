@@ -87,9 +87,9 @@ USER ${APP_USER}
 # Compile the SyncBN kernels now (C++ and CUDA; nvcc needs no GPU) into SYNCTRAIN_EXTENSIONS_DIR,
 # so workers load them at start-up instead of compiling on every node of every job. Every CPU
 # variant unless SYNCBN_CPU_CAPABILITIES says otherwise: the loader picks the one matching the CPU
-# it runs on, which is not necessarily the build machine's. The object files go: the loader needs only each variant's
-# library and BUILD_OK marker, and a rebuild (other sources or GPU architectures) happens in a
-# fresh directory anyway. The cache is made writable for any user: that rebuild and its lock file
+# it runs on, which is not necessarily the build machine's. The object files go: the loader needs
+# only each variant's library and BUILD_OK marker, and a rebuild (other sources or GPU
+# architectures) happens in a fresh directory anyway. The cache is made writable for any user: that rebuild and its lock file
 # must work under `docker run --user` too.
 RUN cuda_flag="--cuda"; if [ "${BUILD_CUDA_KERNELS}" = "0" ]; then cuda_flag=""; fi \
     && python3 -m src.syncbn.build ${cuda_flag} --cpu-capability "${SYNCBN_CPU_CAPABILITIES}" \

@@ -40,7 +40,7 @@ class BuiltImage:
     def run(self, command: list[str], mounts: dict[Path, str] | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:
         """Run `command` in a fresh container of the image, as its USER, in its WORKDIR; remove it after."""
-        container = self.storage.run("from", "--pull-never", self.tag, timeout=300).stdout.strip()
+        container = self.storage.run("from", "--pull=never", self.tag, timeout=300).stdout.strip()
         try:
             volumes = [arg for host, inside in (mounts or {}).items() for arg in ("--volume", f"{host}:{inside}")]
             # --isolation chroot: what works here without a daemon; the network is the host's

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE_RECIPE = Path(__file__).with_name("make_base_image.sh")
 BASE_REPOSITORY = "localhost/synctrain-base"
 LAYER_CACHE_TAG = "localhost/synctrain-layer-cache:deps"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # Debian's; its pip reads the same path
 
 
 def base_requirements() -> list[str]:
@@ -96,18 +97,26 @@ def ensure_base_image(storage: Buildah, log: Path) -> tuple[str, float]:
 
 def build_image(storage: Buildah, tag: str, build_args: dict[str, str], log: Path) -> float:
     """`buildah bud --layers` of the repository's Dockerfile as `tag`; the seconds it took."""
-    argv = ["bud", "--isolation", "chroot", "--layers", "--pull-never", "--file", str(REPO / "Dockerfile"),
-            "--tag", tag]
+    # --format docker: the OCI image format has no SHELL, and ours (bash -o pipefail) must apply.
+    argv = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "docker",
+            "--file", str(REPO / "Dockerfile"), "--tag", tag]
+    if HOST_CA_BUNDLE.is_file():
+        # pip inside the build reaches PyPI with the host's trust (which may include the CA of a
+        # TLS-inspecting proxy): the host's bundle over the base's for the RUN steps only, bind
+        # mounted, so it never lands in a layer.
+        argv += ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
     t0 = time.monotonic()
     with machine_lock("image-build"):
-        proc = storage.run(*argv, str(REPO), timeout=3600, check=False)
+        # One stream: the step lines and the "--> <id>" lines must stay in order for the parser below.
+        proc = subprocess.run([*storage.argv, *argv, str(REPO)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=3600)
     seconds = time.monotonic() - t0
-    log.write_text(proc.stdout + "\n" + proc.stderr)
+    log.write_text(proc.stdout)
     if proc.returncode != 0:
         raise BuildahError(f"buildah bud failed (exit {proc.returncode}); full output: {log}\n"
-                           + (proc.stdout + proc.stderr)[-6000:])
+                           + proc.stdout[-6000:])
     deps_step = requirements_step_image(proc.stdout)
     if deps_step is not None:
         storage.run("tag", deps_step, LAYER_CACHE_TAG, timeout=120)
@@ -129,7 +138,7 @@ def requirements_step_image(bud_output: str) -> str | None:
 
 
 def remove_build(storage: Buildah, tag: str) -> None:
-    """Remove the built image, its containers, and the cached steps no later build can reuse."""
-    storage.run("rm", "--all", check=False, timeout=300)
+    """Remove the built image and the cached steps no later build can reuse (the tests remove their
+    containers themselves)."""
     storage.remove_image(tag)
     storage.prune_dangling()

@@ -17,7 +17,9 @@ import pytest
 
 from tests.docker.conftest import HOST_GID, HOST_UID, BuiltImage, TrainedRun
 
-pytestmark = pytest.mark.docker
+# The first test also waits for the session's fixtures: on a fresh machine the base image
+# (debootstrap, about 3 GB of wheels) and the image build take far longer than pytest.ini's 900 s.
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400)]
 
 APP_DIR = "/opt/synctrain"
 EXTENSIONS_DIR = f"{APP_DIR}/build/torch_extensions"
@@ -104,7 +106,7 @@ def test_kernels_come_from_the_build_not_compiled_at_run_time(built_image: Built
 
 def _image_files(built_image: BuiltImage) -> tuple[str, Path]:
     """A container of the image and its file system, mounted on the host (root reads everything)."""
-    container = built_image.storage.run("from", "--pull-never", built_image.tag).stdout.strip()
+    container = built_image.storage.run("from", "--pull=never", built_image.tag).stdout.strip()
     root = Path(built_image.storage.run("mount", container).stdout.strip())
     return container, root
 
