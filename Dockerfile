@@ -56,10 +56,11 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 
 # Ubuntu 24.04 images ship a user "ubuntu" with UID/GID 1000; free the requested ids first so that
 # our user gets exactly them (a no-op on bases without such a user, e.g. Debian's). useradd and
-# groupadd come from the passwd package that every Debian/Ubuntu base has.
-RUN existing_user="$(getent passwd "${USER_UID}" | cut -d: -f1)" \
+# groupadd come from the passwd package that every Debian/Ubuntu base has. getent exits 2 for an
+# unknown id, which pipefail would turn into a failed build: "|| true".
+RUN existing_user="$(getent passwd "${USER_UID}" | cut -d: -f1 || true)" \
     && if [ -n "${existing_user}" ]; then userdel "${existing_user}"; fi \
-    && existing_group="$(getent group "${USER_GID}" | cut -d: -f1)" \
+    && existing_group="$(getent group "${USER_GID}" | cut -d: -f1 || true)" \
     && if [ -n "${existing_group}" ]; then groupdel "${existing_group}"; fi \
     && groupadd --gid "${USER_GID}" "${APP_USER}" \
     && useradd --uid "${USER_UID}" --gid "${USER_GID}" --create-home --shell /bin/bash "${APP_USER}" \
