@@ -54,6 +54,20 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
     SYNCTRAIN_EXTENSIONS_DIR=/opt/synctrain/build/torch_extensions
 
+# The kernels compile against Python's headers. The default base (conda's Python) has them; a
+# distribution's Python (Debian, Ubuntu) keeps them in python3-dev, installed here when missing,
+# with apt-get: Debian-family bases only, elsewhere the build stops and says what is missing.
+# DL3008 (pin apt versions): the version must be the one matching the base's python3, which apt picks.
+# hadolint ignore=DL3008
+RUN python_h="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h"; \
+    if [ ! -f "${python_h}" ]; then \
+        if ! command -v apt-get > /dev/null; then \
+            echo "${python_h} is missing and there is no apt-get: use a base with Python's headers" >&2; exit 1; \
+        fi; \
+        apt-get update && apt-get install -y --no-install-recommends python3-dev \
+            && apt-get clean && rm -rf /var/lib/apt/lists/*; \
+    fi
+
 # Ubuntu 24.04 images ship a user "ubuntu" with UID/GID 1000; free the requested ids first so that
 # our user gets exactly them (a no-op on bases without such a user, e.g. Debian's). useradd and
 # groupadd come from the passwd package that every Debian/Ubuntu base has. getent exits 2 for an
