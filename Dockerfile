@@ -83,7 +83,8 @@ RUN existing_user="$(getent passwd "${USER_UID}" | cut -d: -f1 || true)" \
 
 WORKDIR /opt/synctrain
 
-# Requirements first, in their own layer: editing the code does not reinstall them. The constraints
+# Requirements first, in their own layer: editing the code does not reinstall them. Importing torch
+# leaves an empty /tmp/torchinductor_<user>; it goes with the other temporary files. The constraints
 # file pins torch/torchvision to the builds already in the image, so pip can never replace the
 # image's CUDA 13.0 torch with a wheel built for another CUDA (requirements.txt's torch==2.14.1
 # matches the installed 2.14.1+cu130: PEP 440 ignores the local "+cu130" label). grep fails the build
@@ -92,8 +93,8 @@ COPY requirements.txt ./
 RUN python3 -m pip list --format=freeze | grep -iE '^(torch|torchvision)==' > /tmp/torch-constraints.txt \
     && python3 -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} \
         -c /tmp/torch-constraints.txt -r requirements.txt \
-    && rm /tmp/torch-constraints.txt \
-    && python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+    && python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
+    && rm -rf /tmp/torch-constraints.txt /tmp/torchinductor_*
 
 COPY --chown=${USER_UID}:${USER_GID} . .
 
@@ -109,7 +110,8 @@ USER ${APP_USER}
 RUN cuda_flag="--cuda"; if [ "${BUILD_CUDA_KERNELS}" = "0" ]; then cuda_flag=""; fi \
     && python3 -m src.syncbn.build ${cuda_flag} --cpu-capability "${SYNCBN_CPU_CAPABILITIES}" \
     && find "${SYNCTRAIN_EXTENSIONS_DIR}" \( -name '*.o' -o -name '.ninja_deps' -o -name '.ninja_log' \) -delete \
-    && chmod -R a+rwX "${SYNCTRAIN_EXTENSIONS_DIR}"
+    && chmod -R a+rwX "${SYNCTRAIN_EXTENSIONS_DIR}" \
+    && rm -rf "/tmp/torchinductor_${APP_USER}"
 
 # torchrun, so that `docker run IMAGE <torchrun arguments> train.py <overrides>` is the same command
 # line as outside the container. The default: one node, one worker per visible GPU, default job.

@@ -23,6 +23,7 @@ from tests.docker.buildah import Buildah, BuildahError, choose_storage, missing_
 # use their own ids (the image refuses root); sudo's caller if there is one, else 1000.
 HOST_UID = int(os.environ.get("SUDO_UID") or 1000)
 HOST_GID = int(os.environ.get("SUDO_GID") or 1000)
+CONTAINER_HOSTNAME = "synctrain-test"
 
 
 @dataclass
@@ -40,13 +41,16 @@ class BuiltImage:
     def run(self, command: list[str], mounts: dict[Path, str] | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:
         """Run `command` in a fresh container of the image, as its USER, in its WORKDIR; remove it after."""
-        container = self.storage.run("from", "--pull=never", self.tag, timeout=300).stdout.strip()
+        # The container's hostname must resolve, as `docker run` makes it do: torchrun's rendezvous
+        # looks it up, and an unknown name waits on DNS instead of starting the workers.
+        container = self.storage.run("from", "--pull=never", "--add-host", f"{CONTAINER_HOSTNAME}:127.0.0.1",
+                                     self.tag, timeout=300).stdout.strip()
         try:
             volumes = [arg for host, inside in (mounts or {}).items() for arg in ("--volume", f"{host}:{inside}")]
             # --isolation chroot: what works here without a daemon; the network is the host's
             # (torchrun's rendezvous and gloo use the loopback).
-            return self.storage.run("run", "--isolation", "chroot", *volumes, container, "--", *command,
-                                    timeout=timeout, check=False)
+            return self.storage.run("run", "--isolation", "chroot", "--hostname", CONTAINER_HOSTNAME, *volumes,
+                                    container, "--", *command, timeout=timeout, check=False)
         finally:
             self.storage.run("rm", container, check=False, timeout=300)
 

@@ -98,7 +98,8 @@ def ensure_base_image(storage: Buildah, log: Path) -> tuple[str, float]:
 def build_image(storage: Buildah, tag: str, build_args: dict[str, str], log: Path) -> float:
     """`buildah bud --layers` of the repository's Dockerfile as `tag`; the seconds it took."""
     # --format docker: the OCI image format has no SHELL, and ours (bash -o pipefail) must apply.
-    argv = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "docker",
+    # --force-rm: a failed step's container goes too, not only a successful one's.
+    argv = ["bud", "--isolation", "chroot", "--layers", "--force-rm", "--pull=never", "--format", "docker",
             "--file", str(REPO / "Dockerfile"), "--tag", tag]
     if HOST_CA_BUNDLE.is_file():
         # pip inside the build reaches PyPI with the host's trust (which may include the CA of a
