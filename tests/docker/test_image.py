@@ -78,8 +78,9 @@ def test_evaluate_and_predict_on_the_checkpoint(built_image: BuiltImage, trained
     assert len(rows) == 3, rows
 
 
-# Run in the image: load the kernels the way training does, with no compiler reachable (CXX points
-# nowhere), and report the loader's build info and what the build left behind.
+# Run in the image: load the kernels the way training does and report the loader's build info and
+# what the build left behind. (Hiding the compiler through CXX would not do: CXX is part of the
+# variants' cache key, so the loader would look for another variant.)
 _KERNEL_CHECK = """
 import json, os, sys
 from pathlib import Path
@@ -93,7 +94,7 @@ print(json.dumps({"info": info, "dir": str(root), "uid": os.getuid(),
 
 
 def test_kernels_come_from_the_build_not_compiled_at_run_time(built_image: BuiltImage) -> None:
-    proc = built_image.run(["env", "CXX=/no/compiler/at/run/time", "python3", "-c", _KERNEL_CHECK])
+    proc = built_image.run(["python3", "-c", _KERNEL_CHECK])
     assert proc.returncode == 0, _tail(proc)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     info = report["info"]
