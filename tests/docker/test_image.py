@@ -144,9 +144,9 @@ def test_image_has_no_build_caches_or_credentials(built_image: BuiltImage) -> No
 
 
 def test_image_size_and_build_times_are_recorded(built_image: BuiltImage, capsys: pytest.CaptureFixture) -> None:
-    # `buildah images --json` gives bytes (`inspect --format {{.Size}}` prints "6.48 GB").
+    # buildah 1.28 reports sizes only human-readable ("6.48 GB", decimal units).
     listing = json.loads(built_image.storage.run("images", "--json", built_image.tag).stdout)
-    size = int(listing[0]["size"])
+    size = _bytes(str(listing[0]["size"]))
     report = {"image_bytes": size, "base_seconds": round(built_image.base_seconds, 1),
               "build_seconds": round(built_image.build_seconds, 1),
               "driver": built_image.storage.driver, "cpu": _cpu_model(), "cores": os.cpu_count()}
@@ -154,6 +154,13 @@ def test_image_size_and_build_times_are_recorded(built_image: BuiltImage, capsys
     with capsys.disabled():
         print(f"\ndocker image report: {json.dumps(report)}")
     assert 0 < size < MAX_IMAGE_BYTES, report
+
+
+def _bytes(human: str) -> int:
+    """Bytes of a size as buildah prints it: "6.48 GB", "512 MB", "1234" (decimal units)."""
+    number, _, unit = human.strip().partition(" ")
+    scale = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[unit.upper()]
+    return int(float(number) * scale)
 
 
 def _cpu_model() -> str:
