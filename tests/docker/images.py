@@ -132,7 +132,7 @@ def requirements_step_image(bud_output: str) -> str | None:
             for later in lines[i + 1:]:
                 if later.startswith("STEP "):
                     return None
-                match = re.fullmatch(r"--> ([0-9a-f]{12,64})", later.strip())
+                match = re.fullmatch(r"--> ([0-9a-f]{10,64})", later.strip())  # buildah 1.28 prints 11 digits
                 if match:
                     return match.group(1)
     return None

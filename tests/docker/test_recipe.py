@@ -52,16 +52,16 @@ _BUD_OUTPUT = """STEP 8/14: COPY requirements.txt ./
 --> 111111111111
 STEP 9/14: RUN python3 -m pip list --format=freeze | grep -iE '^(torch|torchvision)==' > /tmp/c.txt     && python3 -m pip install --no-cache-dir -c /tmp/c.txt -r requirements.txt
 Collecting hydra-core==1.3.8
---> 2222222222aa
+--> 2222222222a
 STEP 10/14: COPY --chown=1000:1000 . .
 --> 333333333333
 """
 
 
 def test_requirements_step_is_found_in_bud_output() -> None:
-    assert images.requirements_step_image(_BUD_OUTPUT) == "2222222222aa"
-    cached = _BUD_OUTPUT.replace("Collecting hydra-core==1.3.8\n", "--> Using cache 2222222222aa00\n")
-    assert images.requirements_step_image(cached) == "2222222222aa"
+    assert images.requirements_step_image(_BUD_OUTPUT) == "2222222222a"  # 11 digits, as buildah 1.28 prints
+    cached = _BUD_OUTPUT.replace("Collecting hydra-core==1.3.8\n", "--> Using cache 2222222222a000\n")
+    assert images.requirements_step_image(cached) == "2222222222a"
     assert images.requirements_step_image("STEP 1/1: FROM x\n--> 444444444444\n") is None
 
 
