@@ -1,7 +1,8 @@
 """The Docker image recipe, checked without a Docker engine: hadolint plus the properties we promise.
 
-Promises (docs/clusters.md): an official PyTorch CUDA devel base pinned by a tag that matches the
-torch pin of requirements.txt, requirements installed, the SyncBN extension built ahead of time for
+(tests/docker builds and runs it, where buildah can.) Promises (docs/clusters.md): an official
+PyTorch CUDA devel base, the default of ARG BASE_IMAGE, pinned by a tag that matches the torch pin
+of requirements.txt, steps that also work on a plain Debian base (python3), requirements installed, the SyncBN extension built ahead of time for
 a configurable TORCH_CUDA_ARCH_LIST, a non-root user, torchrun as the entry point, and a build
 context that leaves out local state but keeps every source file.
 """
@@ -73,9 +74,25 @@ def test_hadolint_really_lints(tmp_path: Path) -> None:
 
 
 def _final_from(instructions: list[Instruction]) -> str:
+    """The last FROM's image, with an ARG declared before the first FROM resolved to its default."""
     froms = [i for i in instructions if i.keyword == "FROM"]
     assert froms, "Dockerfile has no FROM"
-    return froms[-1].args.split()[0]
+    image = froms[-1].args.split()[0]
+    match = re.fullmatch(r"\$\{?(\w+)\}?", image)
+    if match:
+        # Only ARGs before the first FROM are visible to FROM lines.
+        defaults = arg_defaults([i for i in instructions if i.line < froms[0].line])
+        assert defaults.get(match.group(1)), f"FROM {image}: ARG {match.group(1)} needs a default before FROM"
+        image = defaults[match.group(1)]
+    return image
+
+
+def test_base_image_is_a_build_arg() -> None:
+    # `--build-arg BASE_IMAGE=...` is how the tests (tests/docker) build on a local Debian base.
+    instructions = parse_dockerfile(DOCKERFILE)
+    froms = [i for i in instructions if i.keyword == "FROM"]
+    assert froms[-1].args.split()[0] in {"${BASE_IMAGE}", "$BASE_IMAGE"}, froms[-1].args
+    assert "BASE_IMAGE" in arg_defaults([i for i in instructions if i.line < froms[0].line])
 
 
 def test_base_image_is_official_devel_pinned_to_our_torch(instructions: list[Instruction]) -> None:
@@ -94,6 +111,14 @@ def test_base_image_is_official_devel_pinned_to_our_torch(instructions: list[Ins
         )
 
 
+def test_no_python_command_only_python3(instructions: list[Instruction]) -> None:
+    # Debian's (and other non-conda) bases have `python3` but no `python` unless python-is-python3
+    # is installed: every step must work on such a base too.
+    for ins in instructions:
+        if ins.keyword == "RUN":
+            assert not re.search(r"(^|[\s;&|(])python(\s|$)", ins.args), f"Dockerfile:{ins.line} runs `python`"
+
+
 def test_requirements_are_installed(instructions: list[Instruction]) -> None:
     copies = [i for i in instructions if i.keyword == "COPY" and "requirements.txt" in i.args.split()]
     installs = [i for i in instructions
@@ -103,13 +128,17 @@ def test_requirements_are_installed(instructions: list[Instruction]) -> None:
 
 
 def test_extension_is_built_ahead_of_time(instructions: list[Instruction]) -> None:
-    builds = [i for i in instructions if i.keyword == "RUN" and "python -m src.syncbn.build" in i.args]
-    assert builds, "no RUN python -m src.syncbn.build: workers would compile the kernels at start-up"
+    builds = [i for i in instructions if i.keyword == "RUN" and "python3 -m src.syncbn.build" in i.args]
+    assert builds, "no RUN python3 -m src.syncbn.build: workers would compile the kernels at start-up"
     build = builds[0]
-    assert "--cuda" in build.args.split(), "the AOT build must compile the CUDA sources (--cuda): no GPU at build time"
-    assert re.search(r"--cpu-capability[= ]all\b", build.args), (
-        "build every CPU variant (--cpu-capability all): the image runs on CPUs other than the build host's")
     defaults = arg_defaults([i for i in instructions if i.line < build.line])
+    # The CUDA sources are compiled unless BUILD_CUDA_KERNELS=0 (a base without nvcc): by default,
+    # and with --cuda on the build's command line.
+    assert defaults.get("BUILD_CUDA_KERNELS") == "1", "ARG BUILD_CUDA_KERNELS must default to 1 (CUDA kernels built)"
+    assert '"--cuda"' in build.args and "${BUILD_CUDA_KERNELS}" in build.args, build.args
+    # Every CPU variant by default: the image runs on CPUs other than the build host's.
+    assert defaults.get("SYNCBN_CPU_CAPABILITIES") == "all", "ARG SYNCBN_CPU_CAPABILITIES must default to all"
+    assert re.search(r'--cpu-capability[= ]"?\$\{SYNCBN_CPU_CAPABILITIES\}"?', build.args), build.args
     assert defaults.get("TORCH_CUDA_ARCH_LIST"), "ARG TORCH_CUDA_ARCH_LIST with a default must precede the build"
     for arch in defaults["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split():
         assert re.fullmatch(r"\d+\.\d+a?(\+PTX)?", arch), f"bad TORCH_CUDA_ARCH_LIST entry {arch!r}"
