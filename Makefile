@@ -22,7 +22,8 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	touch $@
 
-# Debian packages for the SLURM tests (slurm-wlm, munge): installed as root, skipped (with a note) otherwise.
+# Debian packages for the SLURM and docker tests (slurm-wlm, munge, buildah, debootstrap): installed as root,
+# skipped (with a note) otherwise.
 system-deps:
 	@scripts/install_system_deps.sh
 
