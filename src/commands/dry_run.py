@@ -13,6 +13,7 @@ from torch import nn
 
 from src import dist
 from src.engine.amp import autocast, model_dtype, upcast
+from src.engine.checkpoint.trained_run import TrainedRun
 from src.models import count_norm_layers
 
 
@@ -47,6 +48,26 @@ def model_facts(model: nn.Module) -> dict[str, str]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     norms = ", ".join(f"{name} x{count}" for name, count in sorted(count_norm_layers(model).items()))
     return {"parameters": f"{total:,} ({trainable:,} trainable)", "norm layers": norms or "none"}
+
+
+def trained_run_facts(trained: TrainedRun, loader: Any, action: str) -> dict[str, str]:
+    """evaluate.py's and predict.py's summary lines: the checkpoint, the model, the world, and one batch of this
+    rank's shard through the model (every rank calls it; a rank may have an empty shard)."""
+    config = trained.config
+    batch = next(iter(loader), None)
+    shape = "none (empty shard)"
+    if batch is not None:
+        out = forward_one_batch(trained.model, batch[0], device=trained.device, amp=config.trainer.amp,
+                                channels_last=config.trainer.channels_last)
+        shape = f"input {tuple(batch[0].shape)} -> output {out['output']}"
+    return {
+        "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
+        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
+                 f"norm={trained.trained_norm}, {action} with norm={config.norm.name}",
+        **model_facts(trained.model),
+        "world size": f"{dist.get_world_size()} process(es) on {trained.device}",
+        "first batch": f"{shape} (rank 0)",
+    }
 
 
 def print_summary(title: str, facts: dict[str, Any]) -> None:

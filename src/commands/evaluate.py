@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from src import dist, process_group
-from src.commands.dry_run import forward_one_batch, model_facts, print_summary
+from src.commands.dry_run import print_summary, trained_run_facts
 from src.data import DataBundle, build_datasets, build_eval_loader
 from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
@@ -73,23 +73,10 @@ def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:
 
 def _dry_run(trained: TrainedRun, bundle: DataBundle, loader: Any) -> None:
     """trainer.dry_run: one batch of this rank's shard through the model, a summary, nothing written."""
-    config, world = trained.config, dist.get_world_size()
-    batch = next(iter(loader), None)  # a rank may have an empty shard (fewer samples than ranks)
-    shape = "none (empty shard)"
-    if batch is not None:
-        out = forward_one_batch(trained.model, batch[0], device=trained.device, amp=config.trainer.amp,
-                                channels_last=config.trainer.channels_last)
-        shape = f"input {tuple(batch[0].shape)} -> output {out['output']}"
-    print_summary("evaluate.py", {
-        "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
-        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
-                 f"norm={trained.trained_norm}, evaluated with norm={config.norm.name}",
-        **model_facts(trained.model),
-        "world size": f"{world} process(es) on {trained.device}",
-        "data": f"{config.data.name}: {len(bundle.val)} val samples, {loader.batch_size} per batch, "
-                f"{len(loader)} batch(es) on rank 0",
-        "first batch": f"{shape} (rank 0)",
-    })
+    facts = trained_run_facts(trained, loader, "evaluated")
+    facts["data"] = (f"{trained.config.data.name}: {len(bundle.val)} val samples, {loader.batch_size} per batch, "
+                     f"{len(loader)} batch(es) on rank 0")
+    print_summary("evaluate.py", facts)
 
 
 def metrics_table(record: dict[str, Any], metrics: dict[str, float]) -> str:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from src import dist, process_group
-from src.commands.dry_run import forward_one_batch, model_facts, print_summary
+from src.commands.dry_run import print_summary, trained_run_facts
 from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
 from src.config import TrainConfig
 from src.data import ExactEvalSampler
@@ -147,20 +147,7 @@ def _segment(trained: TrainedRun, loader: DataLoader, relative: list[Path], out_
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
     """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
-    config = trained.config
-    batch = next(iter(loader), None)  # a rank may have no inputs (fewer inputs than ranks)
-    shape = "none (empty shard)"
-    if batch is not None:
-        out = forward_one_batch(trained.model, batch[0], device=trained.device, amp=config.trainer.amp,
-                                channels_last=config.trainer.channels_last)
-        shape = f"input {tuple(batch[0].shape)} -> output {out['output']}"
-    print_summary("predict.py", {
-        "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
-        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
-                 f"norm={trained.trained_norm}, predicting with norm={config.norm.name}",
-        **model_facts(trained.model),
-        "world size": f"{dist.get_world_size()} process(es) on {trained.device}",
-        "inputs": f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0",
-        "first batch": f"{shape} (rank 0)",
-        "out": f"{out_dir} (not written: dry run)",
-    })
+    facts = trained_run_facts(trained, loader, "predicting")
+    facts["inputs"] = f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0"
+    facts["out"] = f"{out_dir} (not written: dry run)"
+    print_summary("predict.py", facts)
