@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from src.config import validate_config
 from src.config import EarlyStopConfig
@@ -60,7 +59,7 @@ def test_state_survives_a_checkpoint_round_trip_and_ignores_unknown_keys() -> No
 
 def _validate(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return OmegaConf.to_object(validate_config(compose("train", overrides=list(overrides))))
+        return validate_config(compose("train", overrides=list(overrides)))
 
 
 def test_early_stop_is_off_by_default_and_accepts_the_names_of_metrics_jsonl() -> None:

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
 from src.config import validate_config
 from src.engine.trackers.wandb_sink import resolve_mode
@@ -16,7 +15,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 def _validate(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return OmegaConf.to_object(validate_config(compose("train", overrides=list(overrides))))
+        return validate_config(compose("train", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize("overrides,enabled", [
