@@ -1,8 +1,8 @@
-"""The documentation holds: every train.py / evaluate.py / predict.py / export.py command in README.md and docs/*.md runs,
-and every file the documentation names exists.
+"""The documentation holds: every train.py / evaluate.py / predict.py / export.py command in README.md and
+docs/*.md runs, and every file the documentation names exists.
 
-Each documented command runs from a fresh folder of its own, as written, plus its dry run (validate, build model
-and data, one batch forward, summary, exit 0: nothing trains) and one thread per process. What a test cannot
+Each documented command runs from a fresh folder of its own, as written, plus (for train.py) its dry run
+(validate, build model and data, one batch forward, summary, exit 0: nothing trains) and one thread per process. What a test cannot
 have is handled as a user would meet it:
 - checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
   (a segmentation run's for docs/segmentation.md and paths naming `segment`, a classification run's otherwise);
@@ -10,7 +10,8 @@ have is handled as a user would meet it:
 - data and weights on disk that no test has (`data.root=/data/imagenet`, `model.backbone_weights=/weights/...`,
   `data.root=my_photos`) must make the command fail, and the failure must name the missing path: a typo in a
   key, a bad value or a crash fails the test. `data.download=true` is turned off (no network here), so the
-  command still meets the missing data;
+  command still meets the missing data; pretrained weights by name meet empty library caches (TORCH_HOME,
+  HF_HOME) offline, and the failure must name the cache path to put the file in;
 - torchrun commands run as one plain process (the dry run checks the composition and the build; the world size
   changes only the summary's batch figures); sweeps (`-m`) run as sweeps, except a SLURM launcher's, which runs
   its first combination without the launcher's submission.
@@ -29,8 +30,8 @@ import pytest
 from tests.docs_commands import DOC_FILES, REPO, DocCommand, documented_commands
 
 TIMEOUT_S = 300
-# Put before the command's own words (Hydra takes overrides before flags such as `--cfg job`); nothing documented
-# sets these keys, so they hold. evaluate.py and predict.py run for real: on the fixtures they take seconds.
+# Added to every command (nothing documented sets these keys, so they hold). evaluate.py and predict.py run for
+# real: on the fixtures they take seconds.
 EXTRA = {"train.py": ["trainer.dry_run=true", "trainer.num_threads=1"], "evaluate.py": ["trainer.num_threads=1"],
          "predict.py": ["trainer.num_threads=1"], "export.py": []}
 ONE_THREAD = ["trainer.num_threads=1"]
@@ -55,8 +56,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+def _run(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env={**_env(), **env}, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def _train_checkpoint(root: Path, name: str, overrides: list[str]) -> Path:
@@ -115,13 +116,22 @@ def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[
     return args
 
 
-def _sweep(command: DocCommand, args: list[str]) -> list[str]:
-    """Sweeps run as sweeps; a cluster launcher's sweep runs its first combination here, unsubmitted."""
+def _argv(command: DocCommand, args: list[str]) -> list[str]:
+    """The words after the script: the test's overrides first (Hydra takes none after a flag such as `--cfg job`),
+    then the command's. Sweeps run as sweeps (`-m` leads); a cluster launcher's sweep runs its first combination
+    here, unsubmitted."""
     if not command.multirun:
-        return args
+        return [*EXTRA[command.script], *args]
     if any(a.startswith("hydra/launcher=") for a in args):
-        return [a if "=" not in a or "[" in a else a.split(",")[0] for a in args]
-    return ["-m", *args, "hydra.sweep.dir=multirun"]
+        return [*EXTRA[command.script], *(a if "=" not in a or "[" in a else a.split(",")[0] for a in args)]
+    return ["-m", *EXTRA[command.script], *args, "hydra.sweep.dir=multirun"]
+
+
+def _by_name(command: DocCommand) -> bool:
+    """Whether the command asks for pretrained weights by name (timm's pretrained, a torchvision weights enum)."""
+    names = [command.value(k) for k in ("model.weights", "model.backbone_weights")]
+    return command.value("model.pretrained") == "true" or any(
+        v and "/" not in v and not Path(v).suffix for v in names)
 
 
 def _missing_paths(command: DocCommand, cwd: Path) -> list[str]:
@@ -139,10 +149,13 @@ def _missing_paths(command: DocCommand, cwd: Path) -> list[str]:
                          ids=["+".join(c.where for c in same) for same in UNIQUE.values()])
 def test_documented_command_runs(command: DocCommand, fixtures: dict[str, Path], tmp_path: Path) -> None:
     """The command runs its dry run to exit 0, or, lacking data or weights no test has, names what is missing."""
-    args = _sweep(command, _prepare(command, tmp_path, fixtures))
-    proc = _run([sys.executable, str(REPO / command.script), *EXTRA[command.script], *args], tmp_path)
+    args = _argv(command, _prepare(command, tmp_path, fixtures))
+    # Empty weight caches of the libraries: weights by name are not there, and the error must say where to put them.
+    cache = tmp_path / "cache"
+    proc = _run([sys.executable, str(REPO / command.script), *args], tmp_path,
+                TORCH_HOME=str(cache / "torch"), HF_HOME=str(cache / "huggingface"))
     output = proc.stdout + proc.stderr
-    missing = _missing_paths(command, tmp_path)
+    missing = _missing_paths(command, tmp_path) + ([str(cache)] if _by_name(command) else [])
     if proc.returncode == 0:
         return
     assert missing, f"{command.where}: `{command.text}` failed (exit {proc.returncode}):\n{output[-4000:]}"

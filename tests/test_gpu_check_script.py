@@ -26,7 +26,8 @@ def test_stops_clearly_without_a_gpu(tmp_path):
 
 
 def test_make_target_runs_the_script_with_the_out_dir():
-    proc = subprocess.run(["make", "-n", "gpu-check", "OUT=/tmp/somewhere"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    # --no-print-directory: under `make test` the sub-make would otherwise announce its directory.
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-check", "OUT=/tmp/somewhere"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "bash scripts/gpu_check.sh /tmp/somewhere"

@@ -189,6 +189,9 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
         "first batch": f"input {tuple(images.shape)} -> output {batch['output']}, loss {batch['loss']:.4f} (rank 0)",
         "run dir": str(run_dir),
     })
+    # Every rank leaves together: a rank tearing the groups down while its peer is still between the forward's
+    # collective and its own teardown could make gloo abort the peer at exit (seen once in 2-process runs).
+    dist.barrier()
 
 
 def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int,
