@@ -29,6 +29,7 @@ from src.engine.checkpoint.state import TrainState
 from src.engine.optim import build_optimizer, build_scheduler
 from src.models import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # reference forwards on one thread (conftest.py)
 REPO = Path(__file__).resolve().parents[2]
 EXACT_ATOL = 1e-5  # ExportedProgram / TorchScript: PyTorch's kernels (measured 0)
 ORT_ATOL, ORT_RTOL = 1e-4, 1e-5  # onnxruntime's kernels (measured <= 1.4e-6)
@@ -103,14 +104,6 @@ def reference(checkpoint: tuple[str, Path, dict]) -> tuple[torch.nn.Module, list
                                             align_corners=False)
     # Two batch sizes, neither the example's 2, and another, non-square image size.
     return inference_module(trained.model), [images[:1], images, other]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _export(ckpt: Path, fmt: str, out: Path) -> Path:

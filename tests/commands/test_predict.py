@@ -33,7 +33,8 @@ from src.engine.checkpoint.files import atomic_write_bytes, load_checkpoint, ser
 from src.data.palette import color_palette
 from tests.engine.gloo_ranks import run_ranks
 
-pytestmark = pytest.mark.slow  # real torchrun trainings and predictions
+# real torchrun trainings and predictions; reference forwards on one thread (conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "data.md"
@@ -83,15 +84,6 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for argv in commands:
         run_documented(argv, cwd)
     return cwd
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    """The reference forward uses one thread, like the predict.py runs it is compared with."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _forward(model: torch.nn.Module, images: torch.Tensor, amp: str) -> torch.Tensor:
