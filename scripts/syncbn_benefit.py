@@ -1,11 +1,12 @@
 """What synchronising BatchNorm buys at small per-process batches: train from scratch, compare norms.
 
     python scripts/syncbn_benefit.py [--quick] [--out outputs/syncbn_benefit] [--seeds 0 1]
-        [--tasks cls seg] [--worlds 2] [--batch 2] [--steps 120] [--evals 4] [--spread 1.0]
+        [--tasks cls seg] [--worlds 2] [--batch 2] [--steps 120] [--evals 4] [--spread 1.0] [--report-only]
 
 For each task (`cls`: make train's ResNet-20 on `data=shapes`; `seg`: the DeepLabV3+ recipe's model,
-experiment=shapes_seg_deeplabv3plus, on `data=shapes_seg`), each world size W and each seed it trains
-from scratch, with torchrun and W processes of `--batch` images each:
+experiment=shapes_seg_deeplabv3plus, on `data=shapes_seg`), each world size W, each per-process batch B
+(`--worlds` and `--batch` take several values) and each seed it trains from scratch, with torchrun and W
+processes of B images each:
   bn      per-process BatchNorm (statistics of `--batch` images)
   syncbn  our SyncBatchNorm (statistics of the W x batch images of the step)
   gn      GroupNorm (no batch statistics at all)
@@ -20,8 +21,10 @@ steps). Writes, under --out: one run folder per run (metrics.jsonl, the log), re
 (final validation top-1 / mIoU, mean and spread over seeds per norm and setting) and benefit.png
 (validation metric against step, mean over seeds and min-max band, one panel per task and setting).
 The plot needs matplotlib (`.venv/bin/pip install matplotlib`); without it the script still writes the
-table and says so. `--report-only` writes the table and plot from the runs finished so far (a stopped
-experiment resumes where it stopped: finished runs are skipped). `--quick` is a smoke test: one seed,
+table and says so. A run's folder is named by task, W, B, steps, norm and seed, and a finished run is
+skipped, so a stopped experiment resumes where it stopped and several invocations (say, a longer
+classification setting and a segmentation one) can share one --out. `--report-only` trains nothing and
+writes the table and plot from every run finished under --out, whatever invocation made it. `--quick` is a smoke test: one seed,
 W=2, a few steps, tiny validation sets (about 10 minutes on 2 loaded cores, mostly start-up).
 """
 from __future__ import annotations
@@ -67,7 +70,7 @@ class Run:
     @property
     def name(self) -> str:
         """Folder name: task, setting, norm, seed."""
-        return f"{self.task}_w{self.world}b{self.batch}_{self.norm}_s{self.seed}"
+        return f"{self.task}_w{self.world}b{self.batch}_n{self.steps}_{self.norm}_s{self.seed}"
 
     @property
     def nproc(self) -> int:
@@ -94,8 +97,14 @@ class Run:
 
 def plan(args: argparse.Namespace) -> list[Run]:
     """Every run, interleaved by seed so that a stopped experiment still has all norms for its first seeds."""
-    return [Run(task, world, args.batch, norm, seed, args.steps, args.evals, args.spread, args.overrides)
-            for seed in args.seeds for task in args.tasks for world in args.worlds for norm in NORMS]
+    return [Run(task, world, batch, norm, seed, args.steps, args.evals, args.spread, args.overrides)
+            for seed in args.seeds for task in args.tasks for world in args.worlds for batch in args.batch
+            for norm in NORMS]
+
+
+def finished(out: Path) -> list[dict]:
+    """The records of every run finished under `out`, by folder name."""
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*/done.json"))]
 
 
 def _env() -> dict[str, str]:
@@ -128,14 +137,16 @@ def execute(run: Run, out: Path) -> dict:
 
 
 def summarise(records: list[dict]) -> list[dict]:
-    """Per task, setting and norm: final metric's mean, population std, min and max over seeds."""
+    """Per task, setting (W, B, steps) and norm: final metric's mean, population std, min and max over seeds."""
     groups: dict[tuple, list[float]] = {}
     for r in records:
         if r["returncode"] == 0 and r["curve"]:
-            groups.setdefault((r["task"], r["world"], r["batch"], r["norm"]), []).append(r["curve"][-1][1])
+            key = (r["task"], r["world"], r["batch"], r["steps"], r["norm"])
+            groups.setdefault(key, []).append(r["curve"][-1][1])
     out = []
-    for (task, world, batch, norm), finals in sorted(groups.items(), key=lambda kv: (kv[0][:3], NORMS.index(kv[0][3]))):
-        out.append({"task": task, "world": world, "batch": batch, "norm": norm, "metric": METRIC[task],
+    for (task, world, batch, steps, norm), finals in sorted(groups.items(),
+                                                             key=lambda kv: (kv[0][:4], NORMS.index(kv[0][4]))):
+        out.append({"task": task, "world": world, "batch": batch, "steps": steps, "norm": norm, "metric": METRIC[task],
                     "n": len(finals), "mean": statistics.fmean(finals), "std": statistics.pstdev(finals),
                     "min": min(finals), "max": max(finals), "finals": finals})
     return out
@@ -143,12 +154,12 @@ def summarise(records: list[dict]) -> list[dict]:
 
 def markdown_table(summary: list[dict]) -> str:
     """The table for docs/why-syncbn.md."""
-    lines = ["| task | processes x images | norm | final val metric: mean ± std (min-max) | seeds |",
-             "|---|---|---|---|---|"]
+    lines = ["| task | processes x images | steps | norm | final val metric: mean ± std (min-max) | seeds |",
+             "|---|---|---|---|---|---|"]
     for s in summary:
         setting = f"1 x {s['world'] * s['batch']}" if s["norm"] == "ref" else f"{s['world']} x {s['batch']}"
         label = "bn, one process (reference)" if s["norm"] == "ref" else s["norm"]
-        lines.append(f"| {s['task']} ({s['metric']}) | {setting} | {label} | {s['mean']:.3f} ± {s['std']:.3f} "
+        lines.append(f"| {s['task']} ({s['metric']}) | {setting} | {s['steps']} | {label} | {s['mean']:.3f} ± {s['std']:.3f} "
                      f"({s['min']:.3f}-{s['max']:.3f}) | {s['n']} |")
     return "\n".join(lines)
 
@@ -162,12 +173,12 @@ def plot(records: list[dict], path: Path) -> bool:
     except ImportError:
         print("matplotlib is missing: `.venv/bin/pip install matplotlib` for the plot (table written anyway)")
         return False
-    panels = sorted({(r["task"], r["world"], r["batch"]) for r in records if r["curve"]})
+    panels = sorted({(r["task"], r["world"], r["batch"], r["steps"]) for r in records if r["curve"]})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (task, world, batch) in zip(axes[0], panels):
+    for ax, (task, world, batch, steps_) in zip(axes[0], panels):
         for norm in NORMS:
-            curves = [r["curve"] for r in records if (r["task"], r["world"], r["batch"], r["norm"]) ==
-                      (task, world, batch, norm) and r["curve"]]
+            curves = [r["curve"] for r in records if (r["task"], r["world"], r["batch"], r["steps"], r["norm"]) ==
+                      (task, world, batch, steps_, norm) and r["curve"]]
             if not curves:
                 continue
             length = min(len(c) for c in curves)
@@ -177,7 +188,7 @@ def plot(records: list[dict], path: Path) -> bool:
             line, = ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", label=label)
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
                             color=line.get_color())
-        ax.set_title(f"{task}: {world} processes x {batch} images")
+        ax.set_title(f"{task}: {world} processes x {batch} images, {steps_} steps")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(f"validation {METRIC[task]}")
         ax.legend()
@@ -195,12 +206,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["cls", "seg"])
     p.add_argument("--worlds", type=int, nargs="+", default=[2])
-    p.add_argument("--batch", type=int, default=2, help="images per process")
+    p.add_argument("--batch", type=int, nargs="+", default=[2], help="images per process")
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
     p.add_argument("--evals", type=int, default=4, help="validations per run (one per epoch)")
     p.add_argument("--spread", type=float, default=1.0, help="data.photometric_spread")
     p.add_argument("--report-only", action="store_true",
-                   help="train nothing: table and plot from the planned runs already finished under --out")
+                   help="train nothing: table and plot from every run finished under --out")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.overrides = extra
     if args.quick:
@@ -215,10 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    records = []
-    for run in plan(args):
-        if args.report_only and not (out / run.name / "done.json").exists():
-            continue
+    records = finished(out) if args.report_only else []
+    for run in [] if args.report_only else plan(args):
         record = execute(run, out)
         records.append(record)
         final = record["curve"][-1][1] if record["curve"] else float("nan")
