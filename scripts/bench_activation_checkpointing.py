@@ -14,6 +14,15 @@ Models: resnet50 = torchvision's ResNet-50 at 224x224, batch 4 (stages layer1..l
 deeplabv3plus = the shapes_seg DeepLabV3+ recipe's model (ResNet-18 trunk, output stride 16, head 64,
 decoder stride 2, aux head) at 64x64, batch 32 in float32 (the recipe trains in bf16 autocast), its
 backbone's stages checkpointed. Prints one line per run and a JSON summary.
+
+    python scripts/bench_activation_checkpointing.py --paired [--rounds 10] [--models ...] [--threads 2]
+
+times the recomputation's cost in one process instead: two copies of the model from the same seed, one
+checkpointed, take turns one training step each (plain, checkpointed, plain, ...; who goes first
+alternates per round), and the per-round ratio checkpointed/plain step time is reported as a median
+with quartiles. Separate processes minutes apart see different machine load (a shared VM's steps swing
+by 2-3x); turns a second apart see the same. Memory is not measured in this mode (both copies share the
+process).
 """
 from __future__ import annotations
 
@@ -81,6 +90,58 @@ def child(model_key: str, checkpointed: bool, steps: int, threads: int) -> dict:
             "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0]}
 
 
+def _variant(model_key: str, checkpointed: bool):
+    """A fresh model (seed 0, norm=syncbn), its SGD optimizer, a batch, its targets and a step function."""
+    import torch
+    import torch.nn.functional as F
+
+    from src.models import build_model
+    from src.models.activation_checkpointing import enable_activation_checkpointing
+
+    cfg, family, batch, size, classes = MODELS[model_key]
+    torch.manual_seed(0)
+    model = build_model(cfg, {"name": "syncbn"}, classes).train()
+    if checkpointed:
+        enable_activation_checkpointing(model, family)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, classes, (batch,) if family == "resnet" else (batch, size, size))
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        out = model(x)
+        loss = (F.cross_entropy(out, y) if family == "resnet"
+                else F.cross_entropy(out["out"], y) + 0.5 * F.cross_entropy(out["aux"], y))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    return step
+
+
+def paired(model_key: str, rounds: int, threads: int) -> dict:
+    """Checkpointed/plain step-time ratio from turns in one process: median and quartiles over rounds."""
+    import torch
+
+    torch.set_num_threads(threads)
+    plain, ckpt = _variant(model_key, False), _variant(model_key, True)
+    plain(), ckpt()  # warm-up: kernels loaded, allocator primed
+    ratios, plain_s, ckpt_s = [], [], []
+    for i in range(rounds):
+        if i % 2:
+            c, p = ckpt(), plain()
+        else:
+            p, c = plain(), ckpt()
+        plain_s.append(p)
+        ckpt_s.append(c)
+        ratios.append(c / p)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"model": model_key, "rounds": rounds, "plain_s": statistics.median(plain_s),
+            "checkpointed_s": statistics.median(ckpt_s), "ratio": statistics.median(ratios),
+            "ratio_q1": q[0], "ratio_q3": q[2]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,deeplabv3plus")
@@ -88,10 +149,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--paired", action="store_true", help="step-time ratio from turns in one process")
+    parser.add_argument("--rounds", type=int, default=10, help="with --paired: turns per variant")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "CHECKPOINTED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1] == "1", args.steps, args.threads)))
+        return
+    if args.paired:
+        results = []
+        for model_key in args.models.split(","):
+            r = paired(model_key, args.rounds, args.threads)
+            results.append(r)
+            print(f"{model_key:14s} plain {r['plain_s']:.3f} s, checkpointed {r['checkpointed_s']:.3f} s per step: "
+                  f"x{r['ratio']:.2f} ({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) over {r['rounds']} rounds", flush=True)
+        summary = {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "paired": results}
+        print(json.dumps(summary))
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2))
         return
     runs = []
     for model_key in args.models.split(","):
