@@ -15,13 +15,16 @@ the eval-mode graph too, which shows in the whole-run wall time (also reported).
 compiled run pays the cold compile a new machine pays. Prints a summary and one JSON line.
 
     python scripts/bench_compile.py --paired [--world 1] [--norms syncbn,bn] [--rounds 30] [--channels-last]
+                                    [--fuse forward,backward|forward|backward|none]
 
 measures instead the default job's model (ResNet-20, batch 64 of 3x32x32 per process, fused SGD, 1
 thread per process) eager and compiled side by side in the same processes: the two copies take turns,
 two training steps each, and the per-round ratio compiled/eager is reported as a median with quartiles
 (2 processes under torchrun by default: each copy in DistributedDataParallel, the compiled one compiled
 after wrapping as trainer.compile does, the ranks starting each turn together). Pairing the turns
-cancels the load drift of a shared machine that makes separate runs disagree by +-40%.
+cancels the load drift of a shared machine that makes separate runs disagree by +-40%. `--fuse` chooses
+which of SyncBN's elementwise passes take the form Inductor can fuse (src/syncbn/fusable.py; `none`
+keeps our opaque kernels under compile too), to measure what each pass gains.
 
     python scripts/bench_compile.py --eager-overhead [--shapes 2x8x4x4,8x16x8x8,32x64x16x16]
 
@@ -194,6 +197,9 @@ def main() -> None:
     parser.add_argument("--norms", default="syncbn,bn", help="with --paired: norm settings to time")
     parser.add_argument("--rounds", type=int, default=30, help="with --paired: turns per variant")
     parser.add_argument("--channels-last", action="store_true", help="with --paired: model and input channels_last")
+    parser.add_argument("--fuse", choices=("forward,backward", "forward", "backward", "none"), default=None,
+                        help="which SyncBN elementwise passes take the fusable aten form under compile "
+                             "(sets SYNCTRAIN_SYNCBN_FUSE for every process; default: the environment's, else both)")
     parser.add_argument("--paired-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     parser.add_argument("--eager-overhead", action="store_true", help="dispatcher cost in eager mode (see above)")
@@ -201,6 +207,9 @@ def main() -> None:
                         help="with --eager-overhead: NxCxHxW, comma-separated")
     parser.add_argument("overrides", nargs="*", help="more train.py overrides, for both variants")
     args = parser.parse_args()
+    if args.fuse is not None:
+        # src.syncbn.fusable reads it once at import; nothing of src is imported yet, and children inherit it.
+        os.environ["SYNCTRAIN_SYNCBN_FUSE"] = args.fuse
     if args.eager_overhead:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
         results = [eager_overhead(shape, args.rounds) for shape in shapes]

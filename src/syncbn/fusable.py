@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 # Which passes use the aten form under torch.compile: "forward", "backward", both (default) or "none".
-# Read once at import; for measuring what each one gains (scripts/bench_compile.py --fuse).
+# Read once at import; for measuring what each one gains (scripts/bench_compile.py --paired --fuse).
 FUSE_ENV = "SYNCTRAIN_SYNCBN_FUSE"
 _CHOICE = os.environ.get(FUSE_ENV, "forward,backward")
 FUSE_FORWARD = "forward" in _CHOICE
