@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
@@ -260,12 +260,18 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     if "hydra" in raw:  # a config loaded from .hydra/ or composed with return_hydra_config
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
+    # Hydra composes onto the schema, and `+trainer.foo=1` force-adds a key to it; merging that typed node
+    # into the schema copies the key along. As plain containers, every key is checked against the schema.
+    raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        raise ValueError(f"invalid config key {key!r}: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+        hint = (" (no such setting: check its spelling; `python train.py --cfg job` prints every key)"
+                if isinstance(exc, ConfigKeyError) else "")
+        msg = str(exc.msg if hasattr(exc, "msg") else exc).splitlines()[0]  # the rest repeats the key and types
+        raise ValueError(f"invalid config key {key!r}: {msg}{hint}") from None
     typed: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     if typed.device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")

@@ -76,6 +76,14 @@ def test_unknown_key_is_rejected_at_composition_naming_it() -> None:
         _compose(["trainer.epochz=3"])
 
 
+@pytest.mark.parametrize("override,key", [("+trainer.foo=1", "trainer.foo"), ("+model.depthh=56", "model.depthh"),
+                                          ("+seeed=3", "seeed")])
+def test_unknown_key_forced_in_with_plus_is_rejected_naming_it(override: str, key: str) -> None:
+    cfg = _compose([override])  # Hydra's `+` adds the key to the composed schema; validation must refuse it
+    with pytest.raises(ValueError, match=f"'{key}'.*check its spelling"):
+        validate_config(cfg)
+
+
 def test_unknown_key_in_a_plain_dict_is_rejected_naming_it() -> None:
     raw = OmegaConf.to_container(_compose([]), resolve=True)
     raw["trainer"]["grad_acum_steps"] = 2
