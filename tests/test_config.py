@@ -84,6 +84,11 @@ def test_unknown_key_forced_in_with_plus_is_rejected_naming_it(override: str, ke
         validate_config(cfg)
 
 
+def test_plus_still_adds_entries_to_the_free_form_model_kwargs() -> None:
+    cfg = validate_config(_compose(["model=timm", "model.arch=resnet18", "+model.kwargs.drop_path_rate=0.1"]))
+    assert cfg.model.kwargs == {"drop_path_rate": 0.1}
+
+
 def test_unknown_key_in_a_plain_dict_is_rejected_naming_it() -> None:
     raw = OmegaConf.to_container(_compose([]), resolve=True)
     raw["trainer"]["grad_acum_steps"] = 2
