@@ -10,7 +10,7 @@ trainer's bucket settings:
   syncbn      our SyncBatchNorm on WORLD, the group DDP's gradient buckets use
   syncbn_own  our SyncBatchNorm on a group of its own (src.syncbn.create_stats_group)
 and times full steps (forward, loss, backward, SGD step) in interleaved rounds (bn, syncbn, syncbn_own,
-bn, ...; a barrier before each block) so that the machine's drifting load hits all three alike. Step
+then syncbn, syncbn_own, bn, ...: the order rotates per round; a barrier before each block) so that the machine's drifting load hits all three alike. Step
 time = median over rounds and steps of the slowest rank's step.
 
 Breakdown of a SyncBN step (benchmark-only instrumentation: the two functions of src.syncbn.collectives
@@ -164,8 +164,9 @@ def worker(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {c: [] for c in CONFIGS}
         inside: dict[str, list[dict]] = {c: [] for c in CONFIGS}
         last_calls: dict[str, list] = {}
-        for _ in range(args.rounds):
-            for c in CONFIGS:
+        for r in range(args.rounds):
+            # The order rotates per round, so no configuration always runs right after the same other one.
+            for c in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:
                 for _ in range(args.steps):
                     dist.barrier()
                     start = time.perf_counter()
