@@ -16,6 +16,7 @@ class EarlyStopState:
     """What the decision needs to go on after a resume; stored in checkpoints as a plain dict."""
 
     metric: str = ""
+    direction: str = ""  # "max" or "min": what `best` was the best of ("" in checkpoints from before it was kept)
     best: Optional[float] = None
     best_step: int = -1
     bad_evaluations: int = 0  # evaluations since the best one
@@ -48,3 +49,27 @@ def decide(settings: EarlyStopConfig, state: EarlyStopState, value: float, step:
                       f"{new.bad_evaluations} evaluation(s) (trainer.early_stop.patience={settings.patience}); "
                       f"best {new.best:.6g} at step {new.best_step}")
     return new
+
+
+def direction_of(settings: EarlyStopConfig) -> str:
+    """"max" or "min": the direction `settings` improves in."""
+    return "max" if settings.higher_is_better else "min"
+
+
+def carried_over(settings: EarlyStopConfig, state: EarlyStopState) -> tuple[EarlyStopState, str]:
+    """A checkpoint's state as this run's settings continue it, and a warning ("" when none is due).
+
+    A state that followed another metric, or the same metric in the other direction (mode changed between
+    the runs), cannot go on: its best is the best of something else, so it starts afresh.
+    """
+    direction = direction_of(settings)
+    warning = ""
+    if state.metric and state.metric != settings.name:
+        warning = (f"the checkpoint's early-stop state follows {state.metric!r}, this run {settings.name!r}: "
+                   "starting it afresh")
+    elif state.direction and state.direction != direction:
+        warning = (f"the checkpoint's early-stop state kept the {state.direction}imum of {state.metric!r}, this run "
+                   f"(trainer.early_stop.mode={settings.mode}) looks for the {direction}imum: starting it afresh")
+    new = EarlyStopState() if warning else EarlyStopState(**state.to_dict())
+    new.metric, new.direction = settings.name, direction
+    return new, warning

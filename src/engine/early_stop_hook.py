@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from src import dist
 from src.config import EarlyStopConfig
-from src.engine.early_stop import EarlyStopState, decide
+from src.engine.early_stop import EarlyStopState, carried_over, decide
 from src.engine.hooks import Hook
 
 if TYPE_CHECKING:
@@ -33,18 +33,15 @@ class EarlyStopHook(Hook):
 
     def before_train(self, trainer: Trainer) -> None:
         """A resumed run that had already stopped early trains no further (unless patience was raised);
-        another metric starts afresh."""
-        state = EarlyStopState.from_dict(trainer.state.early_stop)
-        if state.metric and state.metric != self.settings.name:
-            log.warning("the checkpoint's early-stop state follows %r, this run %r: starting it afresh",
-                        state.metric, self.settings.name)
-            state = EarlyStopState()
+        another metric, or another mode, starts afresh."""
+        state, warning = carried_over(self.settings, EarlyStopState.from_dict(trainer.state.early_stop))
+        if warning:
+            log.warning(warning)
         if state.stopped and state.bad_evaluations < self.settings.patience:
             log.info("resumed after an early stop, but trainer.early_stop.patience=%d allows more evaluations "
                      "without improvement than the %d so far: training goes on", self.settings.patience,
                      state.bad_evaluations)
             state.stopped, state.reason = False, ""
-        state.metric = self.settings.name
         trainer.state.early_stop = state.to_dict()
         if state.stopped:
             trainer.request_stop(state.reason)

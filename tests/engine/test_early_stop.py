@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 from src.config import validate_config
 from src.config import EarlyStopConfig
-from src.engine.early_stop import EarlyStopState, decide
+from src.engine.early_stop import EarlyStopState, carried_over, decide
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -55,6 +55,23 @@ def test_state_survives_a_checkpoint_round_trip_and_ignores_unknown_keys() -> No
     state = EarlyStopState(metric="top1", best=3.5, best_step=8, bad_evaluations=1)
     assert EarlyStopState.from_dict({**state.to_dict(), "future_key": 1}) == state
     assert EarlyStopState.from_dict({}) == EarlyStopState()
+
+
+def test_a_resume_with_another_metric_or_mode_starts_afresh_and_otherwise_carries_on() -> None:
+    stored = EarlyStopState(metric="loss", direction="min", best=0.2, best_step=40, bad_evaluations=2)
+    same, warning = carried_over(EarlyStopConfig(metric="val/loss", patience=5), stored)
+    assert warning == "" and same == stored
+    flipped, warning = carried_over(EarlyStopConfig(metric="loss", mode="max"), stored)
+    assert "minimum" in warning and "maximum" in warning and "mode=max" in warning
+    assert (flipped.best, flipped.bad_evaluations, flipped.direction) == (None, 0, "max")
+    # With the old best (0.2, a minimum) kept, a maximised loss of 0.3 would count as an improvement only
+    # by accident; afresh, the first evaluation after the resume sets the best.
+    assert decide(EarlyStopConfig(metric="loss", mode="max"), flipped, 0.1, 50).best == 0.1
+    other, warning = carried_over(EarlyStopConfig(metric="top1"), stored)
+    assert "follows 'loss'" in warning and other == EarlyStopState(metric="top1", direction="max")
+    legacy = EarlyStopState(metric="loss", best=0.2, best_step=40)  # a checkpoint from before `direction`
+    kept, warning = carried_over(EarlyStopConfig(metric="loss"), legacy)
+    assert warning == "" and (kept.best, kept.direction) == (0.2, "min")
 
 
 def _validate(*overrides: str):
