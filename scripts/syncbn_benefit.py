@@ -174,8 +174,12 @@ def plot(records: list[dict], path: Path) -> bool:
         print("matplotlib is missing: `.venv/bin/pip install matplotlib` for the plot (table written anyway)")
         return False
     panels = sorted({(r["task"], r["world"], r["batch"], r["steps"]) for r in records if r["curve"]})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (task, world, batch, steps_) in zip(axes[0], panels):
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (task, world, batch, steps_) in zip(axes.flat, panels):
         for norm in NORMS:
             curves = [r["curve"] for r in records if (r["task"], r["world"], r["batch"], r["steps"], r["norm"]) ==
                       (task, world, batch, steps_, norm) and r["curve"]]
