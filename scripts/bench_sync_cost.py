@@ -20,7 +20,8 @@ are wrapped with timers while this script runs): per step, time inside the colle
 - floor: the same collectives (same kinds, sizes and count, in order) replayed alone afterwards,
 - the rest: queueing behind DDP's bucket all-reduces in the same group, and contention;
 and "outside the collectives" = syncbn step - bn step - time inside, i.e. our kernels and Python/packing
-against torch's BatchNorm. Prints a Markdown table and one JSON line (also written to --out).
+against torch's BatchNorm. Prints a Markdown table and one JSON line (also written to --out). With
+--nproc 1 there are no collectives: the syncbn - bn difference is then our kernels and Python alone.
 """
 from __future__ import annotations
 
@@ -237,13 +238,18 @@ def report(results: dict, args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for job, r in results.items():
         s = r["step_s"]
+        sync = r.get("syncbn", {"floor": 0.0, "calls": 0})  # --nproc 1: no collectives, no breakdown
         print(f"| {job} | {s['bn']:.3f} | {s['syncbn']:.3f} | {s['syncbn_own']:.3f} | {s['syncbn'] / s['bn']:.3f} | "
-              f"{s['syncbn_own'] / s['bn']:.3f} | {r['syncbn']['floor']:.4f} | {r['syncbn']['calls']} |")
+              f"{s['syncbn_own'] / s['bn']:.3f} | {sync['floor']:.4f} | {sync['calls']} |")
     print("\n| job | config | overhead vs bn (s) | inside collectives (fwd / bwd) | imbalance wait | floor | "
           "rest in collectives | outside collectives |")
     print("|---|---|---|---|---|---|---|---|")
     for job, r in results.items():
         for c in ("syncbn", "syncbn_own"):
+            if c not in r:  # one process: the whole overhead is outside collectives
+                print(f"| {job} | {c} | {r['step_s'][c] - r['step_s']['bn']:.4f} | 0 (one process) | 0 | 0 | 0 | "
+                      f"{r['step_s'][c] - r['step_s']['bn']:.4f} |")
+                continue
             b = r[c]
             print(f"| {job} | {c} | {r['step_s'][c] - r['step_s']['bn']:.4f} | {b['inside']:.4f} "
                   f"({b['inside_fwd']:.4f} / {b['inside_bwd']:.4f}) | {b['imbalance']:.4f} | {b['floor']:.4f} | "
@@ -267,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # The ranks get their world size from torchrun; `--nproc` itself is not passed on, because torchrun's
+    # parser takes it for an abbreviation of its own --nproc-per-node even after the script's path.
+    rank_args = ["--jobs", *args.jobs, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+    if args.out:
+        rank_args += ["--out", args.out]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           __file__, *(argv if argv is not None else sys.argv[1:])]
+           __file__, *rank_args]
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 
 
