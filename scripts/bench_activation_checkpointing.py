@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -55,43 +56,12 @@ def _rss_kib() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def child(model_key: str, checkpointed: bool, steps: int, threads: int) -> dict:
-    """One variant in this process: peak memory above the pre-training baseline and step times."""
-    import torch
-    import torch.nn.functional as F
+def _variant(model_key: str, checkpointed: bool) -> tuple[Callable[[], float], Callable[[], None]]:
+    """A fresh model (seed 0, norm=syncbn) with its SGD optimizer, batch and targets: (step, prime).
 
-    from src.models import build_model
-    from src.models.activation_checkpointing import enable_activation_checkpointing
-
-    torch.set_num_threads(threads)
-    cfg, family, batch, size, classes = MODELS[model_key]
-    torch.manual_seed(0)
-    model = build_model(cfg, {"name": "syncbn"}, classes).train()
-    if checkpointed:
-        enable_activation_checkpointing(model, family)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, classes, (batch,) if family == "resnet" else (batch, size, size))
-    model.eval()(x[:2])  # loads the kernels outside the measurement
-    model.train()
-    baseline = _rss_kib()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        out = model(x)
-        loss = (F.cross_entropy(out, y) if family == "resnet"
-                else F.cross_entropy(out["out"], y) + 0.5 * F.cross_entropy(out["aux"], y))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"model": model_key, "checkpointed": checkpointed, "peak_mib": (peak - baseline) / 1024,
-            "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0]}
-
-
-def _variant(model_key: str, checkpointed: bool):
-    """A fresh model (seed 0, norm=syncbn), its SGD optimizer, a batch, its targets and a step function."""
+    step() trains one step and returns its seconds; prime() runs an eval-mode forward of two images, which
+    loads the kernels without training.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -117,7 +87,25 @@ def _variant(model_key: str, checkpointed: bool):
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    return step
+    def prime() -> None:
+        model.eval()(x[:2])
+        model.train()
+
+    return step, prime
+
+
+def child(model_key: str, checkpointed: bool, steps: int, threads: int) -> dict:
+    """One variant in this process: peak memory above the pre-training baseline and step times."""
+    import torch
+
+    torch.set_num_threads(threads)
+    step, prime = _variant(model_key, checkpointed)
+    prime()  # loads the kernels outside the measurement
+    baseline = _rss_kib()
+    times = [step() for _ in range(steps)]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"model": model_key, "checkpointed": checkpointed, "peak_mib": (peak - baseline) / 1024,
+            "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0]}
 
 
 def paired(model_key: str, rounds: int, threads: int) -> dict:
@@ -125,7 +113,7 @@ def paired(model_key: str, rounds: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    plain, ckpt = _variant(model_key, False), _variant(model_key, True)
+    (plain, _), (ckpt, _) = _variant(model_key, False), _variant(model_key, True)
     plain(), ckpt()  # warm-up: kernels loaded, allocator primed
     ratios, plain_s, ckpt_s = [], [], []
     for i in range(rounds):

@@ -10,8 +10,9 @@ trainer's bucket settings:
   syncbn      our SyncBatchNorm on WORLD, the group DDP's gradient buckets use
   syncbn_own  our SyncBatchNorm on a group of its own (src.syncbn.create_stats_group)
 and times full steps (forward, loss, backward, SGD step) in interleaved rounds (bn, syncbn, syncbn_own,
-then syncbn, syncbn_own, bn, ...: the order rotates per round; a barrier before each block) so that the machine's drifting load hits all three alike. Step
-time = median over rounds and steps of the slowest rank's step.
+then syncbn, syncbn_own, bn, ...: the order rotates per round; a barrier before each block) so that the
+machine's drifting load hits all three alike. Step time = median over rounds and steps of the slowest
+rank's step.
 
 Breakdown of a SyncBN step (benchmark-only instrumentation: the two functions of src.syncbn.collectives
 are wrapped with timers while this script runs): per step, time inside the collectives, of which

@@ -257,12 +257,11 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     the number of training processes, for checks that depend on it (norm.group_size); None skips them
     (evaluation, which never synchronises BatchNorm statistics).
     """
-    raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
-    if "hydra" in raw:  # a config loaded from .hydra/ or composed with return_hydra_config
-        raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
-    # Hydra composes onto the schema, and `+trainer.foo=1` force-adds a key to it; merging that typed node
-    # into the schema copies the key along. As plain containers, every key is checked against the schema.
-    raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
+    # As a plain container: Hydra composes onto the schema and `+trainer.foo=1` force-adds a key to it, and
+    # merging that typed node into the schema would copy the key along instead of checking it.
+    plain = dict(cfg) if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=False)
+    plain.pop("hydra", None)  # a config loaded from .hydra/ or composed with return_hydra_config
+    raw = OmegaConf.create(plain)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
         OmegaConf.resolve(merged)

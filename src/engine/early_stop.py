@@ -51,18 +51,13 @@ def decide(settings: EarlyStopConfig, state: EarlyStopState, value: float, step:
     return new
 
 
-def direction_of(settings: EarlyStopConfig) -> str:
-    """"max" or "min": the direction `settings` improves in."""
-    return "max" if settings.higher_is_better else "min"
-
-
 def carried_over(settings: EarlyStopConfig, state: EarlyStopState) -> tuple[EarlyStopState, str]:
     """A checkpoint's state as this run's settings continue it, and a warning ("" when none is due).
 
     A state that followed another metric, or the same metric in the other direction (mode changed between
     the runs), cannot go on: its best is the best of something else, so it starts afresh.
     """
-    direction = direction_of(settings)
+    direction = "max" if settings.higher_is_better else "min"
     warning = ""
     if state.metric and state.metric != settings.name:
         warning = (f"the checkpoint's early-stop state follows {state.metric!r}, this run {settings.name!r}: "
