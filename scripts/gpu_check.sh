@@ -63,6 +63,9 @@ fi
   command -v nvcc && nvcc --version | tail -2
   "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|ninja|pytest|hydra|omegaconf|numpy) '
 } >>"$OUTDIR/env.txt" 2>&1
+# The chosen environment's own tools (ninja, pytest's console scripts) first: it is not activated here.
+PATH="$(dirname "$PY"):$PATH"
+export PATH
 log "python: $PY ($("$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0), "x", torch.cuda.device_count())' 2>/dev/null))"
 
 # --- Toolchain for the build ---------------------------------------------------------------------------

@@ -234,10 +234,11 @@ def python_include_dir() -> Path:
 
 def check_build_tools(spec: BuildSpec) -> None:
     """Raise ExtensionBuildError naming the missing tool and how to install it."""
-    if shutil.which("ninja") is None:
+    if toolkit.environment_tool("ninja") is None:
         raise ExtensionBuildError(
-            "Building the SyncBN extension needs ninja, which is not on PATH. Install it with "
-            "`pip install ninja` (in this environment) or `apt-get install ninja-build`.")
+            f"Building the SyncBN extension needs ninja, which is neither in this Python environment "
+            f"({sysconfig.get_path('scripts')}) nor on PATH. Install it into this environment: "
+            f"`{sys.executable} -m pip install ninja` (requirements.txt lists it; `make setup` installs it).")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise ExtensionBuildError(
@@ -305,8 +306,12 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
     # PyTorch's own lock file: we hold the node lock, so any existing one is stale (a killed build)
     # and would make cpp_extension wait forever.
     (spec.build_dir / "lock").unlink(missing_ok=True)
-    saved = {k: os.environ.get(k) for k in spec.env}
-    os.environ.update(spec.env)
+    # torch.utils.cpp_extension runs `ninja` from PATH: put the one check_build_tools found first, so the
+    # environment's own ninja is used even when the environment is not activated.
+    ninja_dir = os.path.dirname(toolkit.environment_tool("ninja") or "")
+    env = {**spec.env, "PATH": os.pathsep.join(filter(None, [ninja_dir, os.environ.get("PATH")]))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     # cpp_extension read CUDA_HOME once, at import, by its own guess (which a wrapper-script nvcc
     # misleads): build with the toolkit root src/syncbn/toolkit.py found.
     saved_cuda_home = cpp_extension.CUDA_HOME

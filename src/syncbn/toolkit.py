@@ -17,10 +17,26 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+
+def environment_tool(name: str) -> str | None:
+    """Path of the command `name` that this Python environment installed (its scripts folder), else PATH's.
+
+    `pip install` puts console tools (ninja, shellcheck, hadolint, ...) in the environment's bin folder, which is
+    on PATH only when the environment is activated; `.venv/bin/torchrun train.py` and `.venv/bin/python -m pytest`
+    run without activating it, so PATH alone would miss what requirements.txt installed.
+    """
+    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which(name)
 
 
 @dataclass(frozen=True)

