@@ -33,11 +33,17 @@ build-ext: setup
 train: setup
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 
-test: setup system-deps
-	$(PY) -m pytest $(ARGS)
+# The suite runs on TEST_WORKERS pytest-xdist workers, one test file (or the docker / cluster folder, whose
+# tests share minutes-long fixtures) at a time each; TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST   := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
+test: setup system-deps
+	$(PYTEST) $(ARGS)
+
+# The inner loop: every unit and layer test, without the torchrun, docker and SLURM ones.
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow and not docker and not slurm" $(ARGS)
 
 # GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests,
 # compute-sanitizer, NCCL training compare, benchmark, occupancy; report in OUT (default outputs/gpu_check).

@@ -1,12 +1,44 @@
-"""Suite-wide pytest wiring: `cuda` tests run only where a GPU is present."""
+"""Suite-wide pytest wiring: `cuda` tests run only where a GPU is present; test files are the units that
+pytest-xdist's workers share out (`make test` runs the suite on several workers)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
+TESTS = Path(__file__).resolve().parent
+# Folders whose files share session fixtures that take minutes (the docker image, the reference torchrun
+# run and the SLURM cluster): all their tests go to one worker, so those fixtures are made once.
+SHARED_FIXTURE_FOLDERS = ("docker", "cluster")
+# The longest groups start first, so no worker is left with a long one at the end of the run.
+LONG_GROUPS_FIRST = ("docker", "cluster", "test_docs.py", "commands/")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The unit of work `item` belongs to: its shared-fixture folder, else its file (module fixtures made once)."""
+    relative = Path(str(item.path)).resolve().relative_to(TESTS)
+    if relative.parts[0] in SHARED_FIXTURE_FOLDERS:
+        return relative.parts[0]
+    return relative.as_posix()
+
+
+def _start_order(group: str) -> int:
+    return next((i for i, prefix in enumerate(LONG_GROUPS_FIRST) if group.startswith(prefix)), len(LONG_GROUPS_FIRST))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked `cuda` on machines without a GPU (CI and most laptops)."""
+    """Skip tests marked `cuda` on machines without a GPU; group tests for pytest-xdist's `--dist loadgroup`."""
+    groups: dict[str, str] = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None:
+            groups[item.nodeid] = xdist_group(item)
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+        else:
+            groups[item.nodeid] = marker.kwargs.get("name") or marker.args[0]
+    # A stable sort: the tests of one group keep their order (and stay together, for module fixtures).
+    items.sort(key=lambda item: _start_order(groups[item.nodeid]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked `cuda`); run scripts/gpu_check.sh on one")
