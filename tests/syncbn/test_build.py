@@ -76,7 +76,7 @@ def _tool_dir(tmp_path: Path, tools: list[str]) -> str:
     d = tmp_path / "bin"
     d.mkdir()
     for tool in tools:
-        real = shutil.which(tool)
+        real = toolkit.environment_tool(tool)  # this environment's ninja where PATH has none
         if real is None:
             pytest.skip(f"{tool} is not installed here")
         (d / tool).symlink_to(real)
