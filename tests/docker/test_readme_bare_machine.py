@@ -30,7 +30,10 @@ from tests.docker.images import REPO
 from tests.docker.pip_sources import PIP_CACHE, pip_sources
 from tests.docker.shared_once import shared_results
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
+# Its own xdist group (tests/conftest.py puts the rest of tests/docker in one): it shares no fixture with the
+# image tests, so under `make test` it runs beside them on another worker rather than after them.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400),
+              pytest.mark.xdist_group("docker-bare-machine")]
 
 STEPS = Path(__file__).with_name("bare_machine_steps.sh")
 TRAIN_ARGS = ("hydra.run.dir=/outputs/run trainer.max_steps=4 trainer.checkpoint_every=2 trainer.log_every=1 "
