@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 
 import src.config  # noqa: F401  (registers train_schema)
@@ -15,6 +16,12 @@ from src.unwrap import unwrap_model, without_ddp
 from tests.commands.test_train import TINY, launch, rows
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _own_xdist_group(name: str) -> pytest.MarkDecorator:
+    """An xdist group for one eager/compiled pair (tests/conftest.py keeps an explicit one): each pair is
+    minutes of compiling, so `make test`'s workers share the pairs out instead of one worker running all."""
+    return pytest.mark.xdist_group(f"engine/test_compile.py::{name}")
 
 
 def _compose(overrides: list[str]):
@@ -72,13 +79,21 @@ def test_without_compile_nothing_is_wrapped_and_evaluation_keeps_a_compiled_bare
 
 def _eager_and_compiled_runs(tmp_path: Path, common: list[str]) -> tuple[Path, Path]:
     """The same 2-process job eager and with trainer.compile=true; both must succeed, the compiled one
-    with the model's training forward in one graph (DDP's own graph breaks are outside it)."""
-    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
-    a = launch(2, [*common, f"hydra.run.dir={eager}"])
-    assert a.returncode == 0, a.stdout[-4000:]
-    b = launch(2, [*common, "trainer.compile=true", f"hydra.run.dir={compiled}"], timeout=900)
-    assert b.returncode == 0, b.stdout[-4000:]
-    assert "the training forward is 1 graph(s)" in b.stdout, b.stdout[-4000:]
+    with the model's training forward in one graph (DDP's own graph breaks are outside it).
+
+    Both jobs are one Hydra sweep in one torchrun launch (docs/data.md: every process runs the sweep job
+    after job), so Python, torch and the kernels start once for the pair instead of twice. The eager job
+    runs first: it never calls Dynamo, so the compiled job compiles as in a fresh process (no cached
+    frames, no graph counted before its own).
+    """
+    sweep = tmp_path / "sweep"
+    result = launch(2, ["-m", *common, "trainer.compile=false,true", f"hydra.sweep.dir={sweep}"], timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "the training forward is 1 graph(s)" in result.stdout, result.stdout[-4000:]
+    eager, compiled = sweep / "0", sweep / "1"
+    for job, value in ((eager, False), (compiled, True)):  # the jobs' composed configs, as rank 0 wrote them
+        config = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
+        assert config["trainer"]["compile"] is value, f"sweep job {job.name} ran with trainer.compile={not value}"
     return eager, compiled
 
 
@@ -102,6 +117,7 @@ def _worst_parameter_difference(eager: Path, compiled: Path) -> float:
 
 
 @pytest.mark.slow
+@_own_xdist_group("syncbn-float64")
 def test_two_process_compiled_run_equals_the_eager_run(tmp_path: Path) -> None:
     """trainer.compile=true (Inductor) on 2 processes == the same run eager, in float64, step for step.
 
@@ -145,7 +161,7 @@ OPTION_CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(OPTION_CASES))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=_own_xdist_group(case)) for case in OPTION_CASES])
 def test_compiled_runs_with_other_norms_accumulation_amp_and_channels_last(tmp_path: Path, case: str) -> None:
     options, bound = OPTION_CASES[case]
     common = [*TINY, "data.train_size=32", "data.val_size=16", "data.image_size=8", "data.eval_batch_size=8",

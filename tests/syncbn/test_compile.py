@@ -55,6 +55,11 @@ PHASES = {
     "inductor_empty_rank": ("inductor", [[4, 0]] * 2, 1),
 }
 INDUCTOR_CONFIG = {"inductor_empty_rank": {"layout_optimization": False}}
+# Safety nets of the spawn (tests/syncbn/multiproc.py), wider than its defaults because compiling is
+# slow and uneven here: a cold Inductor compile of both phases took more than the default 240 s on a
+# loaded 2-core machine, and the ranks compile different kernels (different batch sizes), so one may
+# wait in the graph's first collective while the other still compiles. pytest's 900 s stays the limit.
+SPAWN_TIMEOUTS = dict(join_timeout_s=600.0, collective_timeout_s=300.0)
 
 
 class Net(nn.Module):
@@ -160,7 +165,7 @@ def _data(world: int) -> dict[str, list[dict]]:
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """One spawn of 2 processes runs every phase; per-rank results."""
     payload = {"device": request.param, "data": _data(2)}
-    return run_group(2, run_phases, payload, tmp_path_factory.mktemp("compile"))
+    return run_group(2, run_phases, payload, tmp_path_factory.mktemp("compile"), **SPAWN_TIMEOUTS)
 
 
 def _count(code: str, op: str) -> int:
