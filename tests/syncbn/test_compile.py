@@ -31,6 +31,9 @@ import torch.nn as nn
 from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d
 from tests.syncbn.multiproc import run_group
 
+# Inductor compiles on 2 processes: minutes, so the run is part of make test, not the make test-fast loop.
+pytestmark = pytest.mark.slow
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 TOL = dict(rtol=1e-9, atol=1e-11)
 SYNCBN_LAYERS = 4  # in Net
