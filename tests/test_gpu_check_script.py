@@ -30,13 +30,13 @@ FAKE_PYTHON = r"""#!/bin/sh
 case "$1" in *gpu_check_report.py) exec "$REAL_PYTHON" "$@" ;; esac
 if [ -z "${GPU_CHECK_STEP:-}" ]; then
   case "$*" in *gpu_check_probe.py*)
-    printf 'include=%s\npytest_timeout=1\nkind=gpu\ntorch=2.14.1+cu130\ncuda=13.0\ngpus=1\nname=Fake_H200\ncap=9.0\n' \
-      "$FAKE_INCLUDE" ;;
+    printf 'include=%s\npytest_timeout=1\nkind=gpu\ntorch=2.14.1+cu130\ncuda=13.0\n' "$FAKE_INCLUDE"
+    printf 'gpus=1\nname=Fake_H200\ncap=9.0\n' ;;
   esac
   exit 0
 fi
 echo "$GPU_CHECK_STEP|nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-}|$*" >>"$FAKE_LOG"
-if [ "$GPU_CHECK_STEP" = train_compare ]; then mkdir -p "$2" && echo '{"nproc": 1, "gpus": 1}' >"$2/train_compare.json"; fi
+if [ "$GPU_CHECK_STEP" = train_compare ]; then mkdir -p "$2" && echo '{"nproc": 1}' >"$2/train_compare.json"; fi
 case " ${FAKE_FAIL:-} " in *" $GPU_CHECK_STEP "*) echo "FAILED tests/x.py::test_fake"; exit 1 ;; esac
 case " ${FAKE_SLOW:-} " in *" $GPU_CHECK_STEP "*)
   echo $$ >"$FAKE_LOG.slowpid"
@@ -46,7 +46,9 @@ esac
 exit 0
 """
 FAKE_NVIDIA_SMI = """#!/bin/sh
-[ "${FAKE_NO_DRIVER:-0}" = 1 ] && { echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9; }
+if [ "${FAKE_NO_DRIVER:-0}" = 1 ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9
+fi
 [ "$1" = -L ] && { echo "GPU 0: Fake H200 (UUID: GPU-0)"; exit 0; }
 echo "| NVIDIA-SMI 580.00   Driver Version: 580.00   CUDA Version: 13.0 |"
 """

@@ -54,6 +54,39 @@ CASES = (
     Case((2, 4, 128, 128), "contiguous", (1, 1), "one sample, large plane: the plane is split across blocks"),
 )
 
+# The kernels size their grids for about `resident` blocks of 256 threads (launch.cuh: SMs x max threads per
+# SM / 256; 1056 on an H100/H200), so two launch branches depend on the device's size:
+# - channels-first, N split across blocks (channels_first_geometry: n_splits = min(ceil(resident / C),
+#   ceil(N / block.y)) > 1): with S = 8 a block is 8 x 32 threads for every dtype, so a rank of more than
+#   32 planes and C = 4 < resident blocks splits its planes (61 and 39: a partial last split);
+# - channels-last, whole unrolled 4-row chunks (stats_channels_last_kernel's `m + 3 * stride < M`, stride
+#   = splits x block.y, splits = min(ceil(resident / grid.x), ceil(M / block.y))): with C = 16 (one channel
+#   group, block.y = 32 / 64 / 128 rows for fp64 / fp32 / fp16 and bf16) a rank needs more than
+#   3 x 128 x resident rows; on an H200 that is 2 x 16 x 6337 x 32 (6.5M elements, 13 MB in bf16).
+THREADS_PER_BLOCK = 256
+MAX_ROWS_PER_BLOCK = 128  # block.y of the 16-channel channels-last launch for 2-byte dtypes (vec 8)
+
+
+def resident_blocks(sm_count: int, max_threads_per_sm: int) -> int:
+    """Blocks of 256 threads the kernels size their grids for on a device (as launch.cuh computes it)."""
+    return max(sm_count, 1) * max(max_threads_per_sm // THREADS_PER_BLOCK, 1)
+
+
+def device_cases(resident: int) -> tuple[Case, ...]:
+    """The cases that reach the device-sized branches (above) on a device with `resident` blocks."""
+    rows = 3 * MAX_ROWS_PER_BLOCK * resident + 1  # per rank: a thread of block (0, 0) gets 4 full rows
+    h = -(-rows // (2 * 32))  # a rank is 2 x 16 x h x 32: 64 h rows
+    return (
+        Case((100, 4, 2, 4), "contiguous", (61, 39), "N = 61 and 39 planes of S = 8: planes split across blocks"),
+        Case((2, 16, h, 32), "channels_last", (2,), f"{64 * h} rows of C = 16 for {resident} resident blocks: "
+             "whole unrolled 4-row chunks"),
+    )
+
+
+def cases_for(resident: int) -> tuple[Case, ...]:
+    """Every self-check case for a device with `resident` blocks: the fixed ones and the device-sized ones."""
+    return CASES + device_cases(resident)
+
 
 def make_case_inputs(case: Case, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
     """(xs, dys, weight, bias): per-rank inputs in the case's layout on `device`, and the affine parameters
