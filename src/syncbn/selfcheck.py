@@ -7,8 +7,10 @@ cases (selfcheck_cases.py: both layouts, fp32/fp16/bf16/fp64, vector tails, an e
 and compares them with PyTorch's own CUDA SyncBN kernels on the same device (`torch.batch_norm_stats`,
 `_gather_stats_with_counts`, `_elemt`, `_backward_reduce`, `_backward_elemt`) and with a float64
 reference. A pass is remembered on disk (selfcheck.json in the extension cache directory) per GPU name,
-compute capability, CUDA runtime, driver and build, so later runs skip it (well under a second of GPU
-time either way).
+compute capability, CUDA runtime, driver and build, so later runs skip it; a cache that cannot be written
+only costs a warning. A PyTorch kernel that raises is recorded as "reference unavailable" and the float64
+reference decides. In a process group every rank's verdict is reduced (one all_reduce) before any rank
+acts, so all ranks raise (norm.cuda_selfcheck=error) or all fall back together, and none is left waiting.
 
 The very same `run_selfcheck` runs in `make test` on the emulated build (CPU tensors; PyTorch has no CPU
 version of those ops, so the float64 reference alone is the judge there), and against an emulated variant
@@ -16,9 +18,11 @@ built with one deliberately wrong result (SYNCTRAIN_SELFCHECK_FAULT), which it m
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +54,17 @@ class SelfCheckReport:
     references: list[str] = field(default_factory=list)
     comparisons: int = 0
     seconds: float = 0.0
+    unavailable: dict[str, str] = field(default_factory=dict)  # PyTorch reference -> its first error
 
     def summary(self) -> str:
-        """One log line: ops, cases, dtypes, references, time."""
-        return (f"SyncBN CUDA self-check passed on {self.device}: {len(sc.OPS)} ops x {len(self.cases)} cases "
+        """One log line: ops, cases, dtypes, references (and those unavailable), time."""
+        line = (f"SyncBN CUDA self-check passed on {self.device}: {len(sc.OPS)} ops x {len(self.cases)} cases "
                 f"({', '.join(self.cases)}) x {len(self.dtypes)} dtypes ({', '.join(self.dtypes)}), "
                 f"{self.comparisons} comparisons against {' and '.join(self.references)} in {self.seconds:.2f} s")
+        if self.unavailable:
+            line += ("; reference unavailable (float64 decided): "
+                     + "; ".join(f"{name} ({err})" for name, err in sorted(self.unavailable.items())))
+        return line
 
 
 class _Checker:
@@ -63,6 +72,19 @@ class _Checker:
 
     def __init__(self, ops: ModuleType, device: torch.device, use_torch: bool, report: SelfCheckReport) -> None:
         self.ops, self.device, self.use_torch, self.report = ops, device, use_torch, report
+
+    def reference(self, name: str, compute: Callable[[], Any]) -> Any | None:
+        """PyTorch's kernel `name` as a second reference; None when it raises (no kernel for this dtype or
+        device in this torch build, say): recorded as unavailable, and the float64 comparison decides."""
+        try:
+            return compute()
+        except Exception as err:  # noqa: BLE001 - whatever the reference's failure, it is not our kernels'
+            if name not in self.report.unavailable:
+                first_line = (str(err).splitlines() or [""])[0][:120]
+                self.report.unavailable[name] = f"{type(err).__name__}: {first_line}"
+                log.warning("SyncBN CUDA self-check: reference %s unavailable (%s); float64 decides",
+                            name, self.report.unavailable[name])
+            return None
 
     def check(self, op: str, case: str, dtype: torch.dtype, what: str, actual: torch.Tensor,
               expected: torch.Tensor, tol: float, against: str) -> None:
@@ -94,8 +116,10 @@ class _Checker:
         stats = [ops.batch_norm_stats(x) for x in xs]
         for x, st in zip(xs, stats):
             self.check("batch_norm_stats", name, dtype, "[count, mean, M2]", st, sc.ref_stats(x), red_tol, f64)
-            if self.use_torch and x.shape[0] > 0:
-                t_mean, t_invstd = torch.batch_norm_stats(x, sc.EPS)
+            t_stats = (self.reference("torch.batch_norm_stats", lambda x=x: torch.batch_norm_stats(x, sc.EPS))
+                       if self.use_torch and x.shape[0] > 0 else None)
+            if t_stats is not None:
+                t_mean, t_invstd = t_stats
                 n = float(st[0])
                 self.check("batch_norm_stats", name, dtype, "mean", st[1:1 + c], t_mean, red_tol,
                            "torch.batch_norm_stats")
@@ -112,15 +136,10 @@ class _Checker:
         for what, a, e in (("mean", mean, r_mean), ("invstd", invstd, r_invstd), ("count", count.view(1), r_n.view(1)),
                            ("running_mean", rm, r_rm), ("running_var", rv, r_rv)):
             self.check(op, name, dtype, what, a, e, red_tol, f64)
-        if self.use_torch:
-            live = [i for i, x in enumerate(xs) if x.shape[0] > 0]  # nn.SyncBatchNorm drops empty ranks
-            t_stats = [torch.batch_norm_stats(xs[i], sc.EPS) for i in live]
-            t_rm = torch.zeros(c, dtype=w.dtype, device=self.device)
-            t_rv = torch.ones(c, dtype=w.dtype, device=self.device)
-            counts = torch.tensor([float(xs[i].numel() // c) for i in live], dtype=acc, device=self.device)
-            t_mean, t_invstd = torch.batch_norm_gather_stats_with_counts(
-                xs[live[0]], torch.stack([s[0] for s in t_stats]), torch.stack([s[1] for s in t_stats]),
-                t_rm, t_rv, sc.MOMENTUM, sc.EPS, counts)
+        t_gather = (self.reference("torch.batch_norm_gather_stats_with_counts",
+                                   lambda: self._torch_gather(xs, c, w.dtype, acc)) if self.use_torch else None)
+        if t_gather is not None:
+            t_mean, t_invstd, t_rm, t_rv = t_gather
             for what, a, e in (("mean", mean, t_mean), ("invstd", invstd, t_invstd), ("running_mean", rm, t_rm),
                                ("running_var", rv, t_rv)):
                 self.check(op, name, dtype, what, a, e, red_tol, "torch.batch_norm_gather_stats_with_counts")
@@ -133,12 +152,16 @@ class _Checker:
             self.check("batch_norm_backward_reduce", name, dtype, "[sum_dy, sum_dy_xhat]", red,
                        sc.ref_backward_reduce(dy, x, mean, invstd), red_tol, f64)
             if self.use_torch and x.shape[0] > 0:
-                self.check("batch_norm_elemt", name, dtype, "y", y,
-                           torch.batch_norm_elemt(x, w, b, mean, invstd, sc.EPS), el_tol, "torch.batch_norm_elemt")
-                t_sum_dy, t_sum_dy_xmu, _, _ = torch.batch_norm_backward_reduce(dy, x, mean, invstd, w, True,
-                                                                                False, False)
-                self.check("batch_norm_backward_reduce", name, dtype, "[sum_dy, sum_dy_xhat]", red,
-                           torch.cat([t_sum_dy, t_sum_dy_xmu * invstd]), red_tol, "torch.batch_norm_backward_reduce")
+                t_y = self.reference("torch.batch_norm_elemt",
+                                     lambda x=x: torch.batch_norm_elemt(x, w, b, mean, invstd, sc.EPS))
+                if t_y is not None:
+                    self.check("batch_norm_elemt", name, dtype, "y", y, t_y, el_tol, "torch.batch_norm_elemt")
+                t_red = self.reference("torch.batch_norm_backward_reduce",
+                                       lambda x=x, dy=dy: torch.batch_norm_backward_reduce(dy, x, mean, invstd, w,
+                                                                                           True, False, False))
+                if t_red is not None:
+                    self.check("batch_norm_backward_reduce", name, dtype, "[sum_dy, sum_dy_xhat]", red,
+                               torch.cat([t_red[0], t_red[1] * invstd]), red_tol, "torch.batch_norm_backward_reduce")
             reduced += red
         # 5. backward_elemt per rank with the global sums and count
         int_counts = torch.tensor([x.numel() // c for x in xs if x.shape[0] > 0], dtype=torch.int32,
@@ -148,21 +171,48 @@ class _Checker:
             self.check("batch_norm_backward_elemt", name, dtype, "dx", dx,
                        sc.ref_backward_elemt(dy, x, mean, invstd, w, reduced, count), el_tol, f64)
             if self.use_torch and x.shape[0] > 0:
-                t_dx = torch.batch_norm_backward_elemt(dy, x, mean, invstd, w, reduced[:c], reduced[c:] / invstd,
-                                                       int_counts)
-                self.check("batch_norm_backward_elemt", name, dtype, "dx", dx, t_dx, el_tol,
-                           "torch.batch_norm_backward_elemt")
+                t_dx = self.reference("torch.batch_norm_backward_elemt",
+                                      lambda x=x, dy=dy: torch.batch_norm_backward_elemt(
+                                          dy, x, mean, invstd, w, reduced[:c], reduced[c:] / invstd, int_counts))
+                if t_dx is not None:
+                    self.check("batch_norm_backward_elemt", name, dtype, "dx", dx, t_dx, el_tol,
+                               "torch.batch_norm_backward_elemt")
+
+    def _torch_gather(self, xs: list[torch.Tensor], c: int, pdt: torch.dtype, acc: torch.dtype):
+        """(mean, invstd, running_mean, running_var) as nn.SyncBatchNorm gets them from PyTorch's kernels."""
+        live = [i for i, x in enumerate(xs) if x.shape[0] > 0]  # nn.SyncBatchNorm drops empty ranks
+        t_stats = [torch.batch_norm_stats(xs[i], sc.EPS) for i in live]
+        t_rm = torch.zeros(c, dtype=pdt, device=self.device)
+        t_rv = torch.ones(c, dtype=pdt, device=self.device)
+        counts = torch.tensor([float(xs[i].numel() // c) for i in live], dtype=acc, device=self.device)
+        t_mean, t_invstd = torch.batch_norm_gather_stats_with_counts(
+            xs[live[0]], torch.stack([s[0] for s in t_stats]), torch.stack([s[1] for s in t_stats]),
+            t_rm, t_rv, sc.MOMENTUM, sc.EPS, counts)
+        return t_mean, t_invstd, t_rm, t_rv
+
+
+def default_cases(device: torch.device) -> tuple[sc.Case, ...]:
+    """On a CUDA device: the fixed cases and those sized for its resident blocks (selfcheck_cases.py).
+    Elsewhere (the emulated build): the fixed cases; callers add sc.device_cases for the emulated device."""
+    if device.type != "cuda":
+        return sc.CASES
+    props = torch.cuda.get_device_properties(device)
+    return sc.cases_for(sc.resident_blocks(props.multi_processor_count, props.max_threads_per_multi_processor))
 
 
 def run_selfcheck(ops: ModuleType, device: torch.device | str, *, device_name: str | None = None,
-                  cases: tuple[sc.Case, ...] = sc.CASES, dtypes: tuple[torch.dtype, ...] = sc.DTYPES) -> SelfCheckReport:
+                  cases: tuple[sc.Case, ...] | None = None, dtypes: tuple[torch.dtype, ...] = sc.DTYPES,
+                  torch_reference: bool | None = None) -> SelfCheckReport:
     """Run every case x dtype through the five `ops` on `device`; raise SelfCheckError on a disagreement.
 
-    On a CUDA device PyTorch's own SyncBN kernels are a second reference; elsewhere (the emulated build on
-    CPU tensors) the float64 reference alone is.
+    cases: default_cases(device) when None. torch_reference: compare with PyTorch's own SyncBN kernels
+    too (default: on a CUDA device; elsewhere, e.g. the emulated build on CPU tensors, the float64
+    reference alone judges). A PyTorch kernel that raises is listed in report.unavailable, not a failure.
     """
     device = torch.device(device)
-    use_torch = device.type == "cuda"
+    use_torch = device.type == "cuda" if torch_reference is None else torch_reference
+    if cases is None:
+        cases = default_cases(device)
     report = SelfCheckReport(device=device_name or str(device))
     report.references = ["float64"] + (["torch.batch_norm_*"] if use_torch else [])
     t0 = time.perf_counter()
@@ -171,7 +221,7 @@ def run_selfcheck(ops: ModuleType, device: torch.device | str, *, device_name: s
         for case in cases:
             for dtype in dtypes:
                 checker.run_case(case, dtype)
-    if use_torch:
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
     report.seconds = time.perf_counter() - t0
     report.cases = [case.name for case in cases]
@@ -219,15 +269,34 @@ def _read_cache(path: Path) -> dict[str, Any]:
         return {}  # missing or damaged: check again, then rewrite it
 
 
+def _remembered(path: Path, key: str) -> bool:
+    """True when selfcheck.json holds a pass for `key`."""
+    entry = _read_cache(path).get(key)
+    return isinstance(entry, dict) and entry.get("passed") is True
+
+
 def _remember(path: Path, key: str, report: SelfCheckReport) -> None:
-    """Add a pass to the JSON (written to a temporary file, then renamed: readers never see half a file)."""
+    """Add a pass to the JSON; never raises. Written to a unique temporary file beside it (mkstemp: no name
+    shared with another process, e.g. the same pid in another container using this cache), then renamed,
+    so readers never see half a file. A read-only, full or missing folder only costs a warning: the check
+    runs again next time."""
     data = _read_cache(path)
     data[key] = {"passed": True, "summary": report.summary(), "seconds": round(report.seconds, 3),
                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as err:
+        log.warning("SyncBN CUDA self-check passed but could not be remembered in %s (%s: %s); it will run "
+                    "again in the next process", path, type(err).__name__, err)
 
 
 # --- The gate before training --------------------------------------------------------------------------
@@ -241,24 +310,81 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _all_ranks_passed(passed: bool, device: torch.device) -> bool:
-    """True when every rank's self-check passed (ranks must agree on which SyncBN they run)."""
+def _failed_ranks(failed: bool, device: torch.device) -> list[int]:
+    """The ranks whose self-check failed, the same list on every rank: one all_reduce (MAX) of a flag per
+    rank. Without a process group: [0] or []."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return passed
-    flag = torch.tensor([0 if passed else 1], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item()) == 0
+        return [0] if failed else []
+    # NCCL reduces device tensors only; any other backend (gloo, or cpu:gloo,cuda:nccl) takes a CPU tensor.
+    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=where)
+    flags[dist.get_rank()] = int(failed)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [i for i, f in enumerate(flags.tolist()) if f]
+
+
+def _check_or_recall(ops: ModuleType, device: torch.device, key: str, use_cache: bool,
+                     cases: tuple[sc.Case, ...] | None,
+                     dtypes: tuple[torch.dtype, ...]) -> SelfCheckReport | SelfCheckError | None:
+    """This rank's verdict: its report (passed now), None (a pass remembered), or the failure. Never raises
+    an Exception: our kernels raising count as a failure."""
+    if use_cache and _remembered(cache_path(), key):
+        log.debug("SyncBN CUDA self-check: already passed for %s (%s)", key, cache_path())
+        return None
+    try:
+        return run_selfcheck(ops, device, device_name=key, cases=cases, dtypes=dtypes)
+    except SelfCheckError as err:
+        return err
+    except Exception as err:  # noqa: BLE001 - a raising kernel of ours must not leave the other ranks waiting
+        return SelfCheckError(f"SyncBN CUDA self-check failed on {key}: our kernels raised {type(err).__name__}: "
+                              f"{err}. Our CUDA kernels must not train here: {WAY_OUT}.")
+
+
+def agree_on_selfcheck(ops: ModuleType, device: torch.device | str, mode: str, key: str, *, use_cache: bool = True,
+                       cases: tuple[sc.Case, ...] | None = None,
+                       dtypes: tuple[torch.dtype, ...] = sc.DTYPES) -> bool:
+    """Check `ops` on `device` (or recall a pass for `key`), agree with every rank, then act alike.
+
+    Every rank makes exactly one collective, cached or not, failed or not, before acting on the verdict:
+    mode "error": if any rank failed, every rank raises SelfCheckError naming the failing ranks (the
+    failing rank's own message says what disagreed); "fallback": every rank logs it and returns False.
+    True when all ranks passed; only then is the pass remembered (ranks with the same GPU model share a
+    key, so a pass on one rank must not stand for a failing one next time).
+    """
+    check_mode(mode)
+    device = torch.device(device)
+    verdict = _check_or_recall(ops, device, key, use_cache, cases, dtypes)
+    failure = verdict if isinstance(verdict, SelfCheckError) else None
+    failed = _failed_ranks(failure is not None, device)
+    if not failed:
+        if isinstance(verdict, SelfCheckReport):
+            log.info("%s%s", verdict.summary(), f"; remembered in {cache_path()}" if use_cache else "")
+            if use_cache:
+                _remember(cache_path(), key, verdict)
+        return True
+    where = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+    if mode == "error":
+        if failure is not None:
+            raise SelfCheckError(f"{failure} (the self-check failed on {where})")
+        raise SelfCheckError(f"SyncBN CUDA self-check failed on {where} (this rank passed; that rank's log says "
+                             f"what disagreed). Our CUDA kernels must not train here: {WAY_OUT}.")
+    if failure is not None:
+        log.warning("%s\nnorm.cuda_selfcheck=fallback: training with torch's nn.SyncBatchNorm instead.", failure)
+    else:
+        log.warning("SyncBN CUDA self-check failed on %s; norm.cuda_selfcheck=fallback: every rank trains with "
+                    "torch's nn.SyncBatchNorm instead.", where)
+    return False
 
 
 def ensure_cuda_kernels_checked(device: torch.device | str, mode: str = "error", *,
                                 ops: ModuleType | None = None, use_cache: bool = True) -> bool:
     """Self-check our kernels on `device` once per (GPU, driver, build); True when they may be used.
 
-    mode "error": a disagreement raises SelfCheckError; "fallback": it logs a warning and returns False
-    (the caller switches to nn.SyncBatchNorm; in a process group every rank then does, so all agree);
-    "off": no check, True. Not a CUDA device: nothing to check, True.
+    mode "error": a disagreement on any rank raises SelfCheckError on every rank; "fallback": every rank
+    logs a warning and returns False (the caller switches to nn.SyncBatchNorm); "off": no check, True.
+    Not a CUDA device: nothing to check, True. See agree_on_selfcheck.
     """
     check_mode(mode)
     device = torch.device(device)
@@ -271,32 +397,7 @@ def ensure_cuda_kernels_checked(device: torch.device | str, mode: str = "error",
 
         ops = load_extension()
     build = Path(getattr(ops, "__file__", "") or "unknown").stem
-    key = device_key(device, build)
-    path = cache_path()
-    failure: SelfCheckError | None = None
-    if use_cache and _read_cache(path).get(key, {}).get("passed"):
-        log.debug("SyncBN CUDA self-check: already passed for %s (%s)", key, path)
-    else:
-        try:
-            report = run_selfcheck(ops, device, device_name=key)
-        except SelfCheckError as err:
-            failure = err
-        else:
-            log.info("%s; remembered in %s", report.summary(), path)
-            if use_cache:
-                _remember(path, key, report)
-    if mode == "error":  # no collective: a failing rank raises, and the launcher stops the others
-        if failure is not None:
-            raise failure
-        return True
-    # fallback: exactly one collective on every rank, cached or not, so all ranks pick the same SyncBN
-    everyone = _all_ranks_passed(failure is None, device)
-    if failure is not None:
-        log.warning("%s\nnorm.cuda_selfcheck=fallback: training with torch's nn.SyncBatchNorm instead.", failure)
-    elif not everyone:
-        log.warning("SyncBN CUDA self-check failed on another rank; norm.cuda_selfcheck=fallback: every rank "
-                    "trains with torch's nn.SyncBatchNorm instead.")
-    return everyone
+    return agree_on_selfcheck(ops, device, mode, device_key(device, build), use_cache=use_cache)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Self-check our SyncBN CUDA kernels on cuda:0 against PyTorch's.")
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--quick", action="store_true",
-                        help="3 cases in float32 and bfloat16 (for compute-sanitizer, which is slow)")
+                        help="every case in float32 and bfloat16, one pass (for compute-sanitizer, which is slow)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("selfcheck: no CUDA GPU visible (torch.cuda.is_available() is False); nothing to check")
@@ -316,16 +417,16 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", 0)
     ops = load_extension()
     key = device_key(device, Path(getattr(ops, "__file__", "") or "unknown").stem)
-    cases, dtypes = (sc.CASES[:3], (torch.float32, torch.bfloat16)) if args.quick else (sc.CASES, sc.DTYPES)
+    dtypes = (torch.float32, torch.bfloat16) if args.quick else sc.DTYPES
     result: dict[str, Any] = {"device": key}
-    try:  # first run as a training process meets it (cold: module load, allocator), then warm
-        cold = run_selfcheck(ops, device, device_name=key, cases=cases, dtypes=dtypes)
-        report = run_selfcheck(ops, device, device_name=key, cases=cases, dtypes=dtypes)
+    try:  # first run as a training process meets it (cold: module load, allocator), then warm (not --quick)
+        cold = run_selfcheck(ops, device, device_name=key, dtypes=dtypes)
+        report = cold if args.quick else run_selfcheck(ops, device, device_name=key, dtypes=dtypes)
     except SelfCheckError as err:
         result.update(passed=False, error=str(err))
     else:
         result.update(passed=True, summary=report.summary(), seconds_cold=cold.seconds, seconds=report.seconds,
-                      comparisons=report.comparisons)
+                      comparisons=report.comparisons, cases=report.cases, reference_unavailable=report.unavailable)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(result.get("summary") or result["error"])

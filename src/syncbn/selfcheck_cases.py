@@ -21,8 +21,9 @@ OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "batch
 
 # Tolerances, as rtol and as atol relative to the largest |reference| of the output compared:
 # - Reductions (statistics, running stats, backward sums) accumulate in fp32 (fp64 for fp64 input) over at
-#   most 16k values per rank and channel: chunked Welford / pairwise-like sums keep the relative error near
-#   1e-6; 1e-4 leaves room for a GPU's fused multiply-adds and another summation order (PyTorch's kernels),
+#   most 16k values per rank and channel in the fixed cases (~405k in the device-sized channels-last case
+#   on an H200, each thread's few rows merged in a tree): chunked Welford / pairwise-like sums keep the
+#   relative error near 1e-6; 1e-4 leaves room for a GPU's fused multiply-adds and another summation order (PyTorch's kernels),
 #   while a wrong result (a lost tail, a wrong channel, a bad merge) is off by O(1). fp64: 1e-9.
 # - Elementwise outputs (y, dx) are computed in fp32 (fp64) and rounded once to the input dtype; they may
 #   differ from the float64 result by a rounding step (fp16 2^-11, bf16 2^-8 relative) and by the fp32
@@ -53,6 +54,39 @@ CASES = (
     Case((4, 5, 3, 7), "channels_last", (2, 2), "C = 5, S = 21: scalar paths, inactive lanes, odd tails"),
     Case((2, 4, 128, 128), "contiguous", (1, 1), "one sample, large plane: the plane is split across blocks"),
 )
+
+# The kernels size their grids for about `resident` blocks of 256 threads (launch.cuh: SMs x max threads per
+# SM / 256; 1056 on an H100/H200), so two launch branches depend on the device's size:
+# - channels-first, N split across blocks (channels_first_geometry: n_splits = min(ceil(resident / C),
+#   ceil(N / block.y)) > 1): with S = 8 a block is 8 x 32 threads for every dtype, so a rank of more than
+#   32 planes and C = 4 < resident blocks splits its planes (61 and 39: a partial last split);
+# - channels-last, whole unrolled 4-row chunks (stats_channels_last_kernel's `m + 3 * stride < M`, stride
+#   = splits x block.y, splits = min(ceil(resident / grid.x), ceil(M / block.y))): with C = 16 (one channel
+#   group, block.y = 32 / 64 / 128 rows for fp64 / fp32 / fp16 and bf16) a rank needs more than
+#   3 x 128 x resident rows; on an H200 that is 2 x 16 x 6337 x 32 (6.5M elements, 13 MB in bf16).
+THREADS_PER_BLOCK = 256
+MAX_ROWS_PER_BLOCK = 128  # block.y of the 16-channel channels-last launch for 2-byte dtypes (vec 8)
+
+
+def resident_blocks(sm_count: int, max_threads_per_sm: int) -> int:
+    """Blocks of 256 threads the kernels size their grids for on a device (as launch.cuh computes it)."""
+    return max(sm_count, 1) * max(max_threads_per_sm // THREADS_PER_BLOCK, 1)
+
+
+def device_cases(resident: int) -> tuple[Case, ...]:
+    """The cases that reach the device-sized branches (above) on a device with `resident` blocks."""
+    rows = 3 * MAX_ROWS_PER_BLOCK * resident + 1  # per rank: a thread of block (0, 0) gets 4 full rows
+    h = -(-rows // (2 * 32))  # a rank is 2 x 16 x h x 32: 64 h rows
+    return (
+        Case((100, 4, 2, 4), "contiguous", (61, 39), "N = 61 and 39 planes of S = 8: planes split across blocks"),
+        Case((2, 16, h, 32), "channels_last", (2,), f"{64 * h} rows of C = 16 for {resident} resident blocks: "
+             "whole unrolled 4-row chunks"),
+    )
+
+
+def cases_for(resident: int) -> tuple[Case, ...]:
+    """Every self-check case for a device with `resident` blocks: the fixed ones and the device-sized ones."""
+    return CASES + device_cases(resident)
 
 
 def make_case_inputs(case: Case, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
