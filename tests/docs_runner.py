@@ -24,7 +24,7 @@ class Result:
 
 
 class DocsRunner:
-    """One worker process at a time, started on first use, with `env` and an empty library cache of its own."""
+    """One worker process at a time, started on first use with environment `env`; its logs go to `log_dir`."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env, self.log_dir = env, log_dir

@@ -115,7 +115,7 @@ def _run(request: dict, fresh: _Fresh) -> int:
 
 def main() -> None:
     """Answer requests until stdin closes."""
-    sys.path.insert(0, str(REPO))
+    sys.path[0] = str(REPO)  # tests/ would not be on a command's path; the repository is (its scripts' folder)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # between commands, stray prints must not enter the replies
     import hydra  # noqa: F401  (loaded once, before any command: that is the point)
