@@ -2,8 +2,11 @@
 docs/*.md runs, and every file the documentation names exists.
 
 Each documented command runs from a fresh folder of its own, as written, plus (for train.py) its dry run
-(validate, build model and data, one batch forward, summary, exit 0: nothing trains) and one thread per process. What a test cannot
-have is handled as a user would meet it:
+(validate, build model and data, one batch forward, summary, exit 0: nothing trains) and one thread per process.
+The commands run one after another in one long-lived Python process (tests/docs_worker.py: the script as
+`__main__`, so Hydra's command line, composition, sweeps and error report are the real ones, with the process
+state put back after each), which saves each command the interpreter's, torch's and Hydra's start-up. What a
+test cannot have is handled as a user would meet it:
 - checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
   (a segmentation run's for docs/segmentation.md and paths naming `segment`, a classification run's otherwise);
   `input=` folders and files are written from the embedded shapes data; `demo/` is scripts/make_demo_folders.py's;
@@ -11,30 +14,31 @@ have is handled as a user would meet it:
   `data.root=my_photos`) must make the command fail, and the failure must name the missing path: a typo in a
   key, a bad value or a crash fails the test. `data.download=true` is turned off (no network here), so the
   command still meets the missing data; pretrained weights by name meet empty library caches (TORCH_HOME,
-  HF_HOME) offline, and the failure must name the cache path to put the file in;
+  HF_HOME: the worker's, which no command may write into) offline, and the failure must name the cache path
+  to put the file in;
 - torchrun commands run as one plain process (the dry run checks the composition and the build; the world size
-  changes only the summary's batch figures); sweeps (`-m`) run as sweeps, except a SLURM launcher's, which runs
-  its first combination without the launcher's submission.
+  changes only the summary's batch figures); sweeps (`-m`) run as sweeps (Hydra's multirun and basic launcher),
+  except a SLURM launcher's, which runs its first combination without the launcher's submission.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from tests.docs_commands import DOC_FILES, REPO, DocCommand, documented_commands
+from tests.docs_fixtures import build_fixtures, made_once
+from tests.docs_runner import DocsRunner, Result
 
 TIMEOUT_S = 300
 # Added to every command (nothing documented sets these keys, so they hold). evaluate.py and predict.py run for
 # real: on the fixtures they take seconds.
 EXTRA = {"train.py": ["trainer.dry_run=true", "trainer.num_threads=1"], "evaluate.py": ["trainer.num_threads=1"],
          "predict.py": ["trainer.num_threads=1"], "export.py": []}
-ONE_THREAD = ["trainer.num_threads=1"]
 # Keys whose values name files or folders that must exist for the command to do its work.
 PATH_KEYS = ("data.root", "model.backbone_weights", "model.weights", "ckpt", "input")
 # Files a walk-through tells the user to create; the documentation shows them as examples.
@@ -47,47 +51,38 @@ for _command in COMMANDS:
     UNIQUE.setdefault((_command.script, _command.args), []).append(_command)
 
 
-def _env() -> dict[str, str]:
-    """This environment without a surrounding torchrun's variables, one thread, unbuffered output."""
+def _env(cache: Path) -> dict[str, str]:
+    """This environment without a surrounding torchrun's variables, one thread, unbuffered output, and empty
+    weight caches of the libraries (`cache`): weights by name are not there, and the error must say where to put
+    them."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT", "LOCAL_WORLD_SIZE")}
     # HF_HUB_OFFLINE: pretrained weights by name come from the caches or fail naming the file, never a download.
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TORCH_HOME=str(cache / "torch"),
+               HF_HOME=str(cache / "huggingface"))
     return env
 
 
-def _run(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, env={**_env(), **env}, capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
-def _train_checkpoint(root: Path, name: str, overrides: list[str]) -> Path:
-    """A short real training run (2 optimizer steps, EMA on, so `ema=true` commands have weights)."""
-    run_dir = root / name
-    proc = _run([sys.executable, str(REPO / "train.py"), *overrides, "trainer.max_steps=2", "trainer.epochs=1",
-                 "trainer.ema=true", "data.num_workers=0", "trainer.progress_bar=false", *ONE_THREAD,
-                 f"hydra.run.dir={run_dir}"], root)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir / "checkpoints" / "last.pt"
+@pytest.fixture(scope="module")
+def weight_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The libraries' weight caches (TORCH_HOME, HF_HOME) of the commands: empty, and nothing downloads."""
+    return tmp_path_factory.mktemp("doc_weight_cache")
 
 
 @pytest.fixture(scope="module")
-def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runner(tmp_path_factory: pytest.TempPathFactory, weight_cache: Path) -> Iterator[DocsRunner]:
+    """Runs the commands in one long-lived process (tests/docs_worker.py): one start-up, not one per command."""
+    docs_runner = DocsRunner(_env(weight_cache), tmp_path_factory.mktemp("doc_runner_logs"))
+    yield docs_runner
+    docs_runner.close()
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory, runner: DocsRunner) -> dict[str, Path]:
     """What the documented commands expect to find: checkpoints of both tasks, demo folders, images."""
-    root = tmp_path_factory.mktemp("doc_fixtures")
-    small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
-    found = {
-        "cls": _train_checkpoint(root, "cls", small),
-        "seg": _train_checkpoint(root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"]),
-    }
-    demo = _run([sys.executable, str(REPO / "scripts" / "make_demo_folders.py"), str(root / "demo"),
-                 "--train-per-class", "6", "--val-per-class", "1", "--train-images", "32", "--val-images", "3"], root)
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    found["demo"] = root / "demo"
-    found["images"] = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs
-    found["images"].mkdir()
-    for i, image in enumerate(sorted((root / "demo" / "classify" / "val").rglob("*.jpg"))[:3]):
-        shutil.copy(image, found["images"] / f"img{i}.jpg")
-    return found
+    root = made_once(tmp_path_factory, "doc_fixtures", lambda folder: build_fixtures(runner, folder, TIMEOUT_S))
+    return {"cls": root / "cls" / "checkpoints" / "last.pt", "seg": root / "seg" / "checkpoints" / "last.pt",
+            "demo": root / "demo", "images": root / "images"}
 
 
 def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[str]:
@@ -147,15 +142,16 @@ def _missing_paths(command: DocCommand, cwd: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [same[0] for same in UNIQUE.values()],
                          ids=["+".join(c.where for c in same) for same in UNIQUE.values()])
-def test_documented_command_runs(command: DocCommand, fixtures: dict[str, Path], tmp_path: Path) -> None:
+def test_documented_command_runs(command: DocCommand, fixtures: dict[str, Path], runner: DocsRunner,
+                                 weight_cache: Path, tmp_path: Path) -> None:
     """The command runs its dry run to exit 0, or, lacking data or weights no test has, names what is missing."""
     args = _argv(command, _prepare(command, tmp_path, fixtures))
-    # Empty weight caches of the libraries: weights by name are not there, and the error must say where to put them.
-    cache = tmp_path / "cache"
-    proc = _run([sys.executable, str(REPO / command.script), *args], tmp_path,
-                TORCH_HOME=str(cache / "torch"), HF_HOME=str(cache / "huggingface"))
-    output = proc.stdout + proc.stderr
-    missing = _missing_paths(command, tmp_path) + ([str(cache)] if _by_name(command) else [])
+    proc: Result = runner.run(command.script, args, tmp_path, TIMEOUT_S)
+    output = proc.output
+    # The cache is shared by the worker's commands: a file left there would let a later one pass unchecked.
+    left = [str(p) for p in weight_cache.rglob("*") if p.is_file()]
+    assert not left, f"{command.where}: `{command.text}` wrote into the empty weight cache: {left}"
+    missing = _missing_paths(command, tmp_path) + ([str(weight_cache)] if _by_name(command) else [])
     if proc.returncode == 0:
         return
     assert missing, f"{command.where}: `{command.text}` failed (exit {proc.returncode}):\n{output[-4000:]}"

@@ -1,0 +1,57 @@
+"""What the documented commands expect to find (tests/test_docs.py): checkpoints of both tasks from short real
+trainings, the demo folders, a few new images; made once per test session, also across pytest-xdist workers."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from filelock import FileLock
+
+from tests.docs_runner import DocsRunner
+
+ONE_THREAD = ["trainer.num_threads=1"]
+
+
+def _train_checkpoint(runner: DocsRunner, root: Path, name: str, overrides: list[str], timeout_s: float) -> None:
+    """A short real training run into root/name (2 optimizer steps, EMA on, so `ema=true` commands have weights)."""
+    run_dir = root / name
+    proc = runner.run("train.py", [*overrides, "trainer.max_steps=2", "trainer.epochs=1", "trainer.ema=true",
+                                   "data.num_workers=0", "trainer.progress_bar=false", *ONE_THREAD,
+                                   f"hydra.run.dir={run_dir}"], root, timeout_s)
+    assert proc.returncode == 0, proc.output[-6000:]
+
+
+def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
+    """Both tasks' checkpoints, the demo folders and a few images under `root`."""
+    small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
+    _train_checkpoint(runner, root, "cls", small, timeout_s)
+    _train_checkpoint(runner, root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"],
+                      timeout_s)
+    demo = runner.run("scripts/make_demo_folders.py", [str(root / "demo"), "--train-per-class", "6",
+                                                       "--val-per-class", "1", "--train-images", "32",
+                                                       "--val-images", "3"], root, timeout_s)
+    assert demo.returncode == 0, demo.output[-3000:]
+    images = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs
+    images.mkdir()
+    for i, image in enumerate(sorted((root / "demo" / "classify" / "val").rglob("*.jpg"))[:3]):
+        shutil.copy(image, images / f"img{i}.jpg")
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder `build` fills, made once per test session even across pytest-xdist workers (a lock and a marker
+    next to the workers' own temporary folders)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    root = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(f"{root}.lock"):
+        if not (root / ".done").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way
+            root.mkdir()
+            build(root)
+            (root / ".done").touch()
+    return root
