@@ -1,11 +1,14 @@
 """Suite-wide pytest wiring: `cuda` tests run only where a GPU is present; test files are the units that
-pytest-xdist's workers share out (`make test` runs the suite on several workers)."""
+pytest-xdist's workers share out (`make test` runs the suite on several workers); the trained runs that several
+test modules read (made once per session, also across workers: tests/support/trained_runs.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.trained_runs import trained_cls_run, trained_seg_run  # noqa: F401  (session fixtures)
 
 TESTS = Path(__file__).resolve().parent
 # Folders whose files share session fixtures that take minutes (the docker image, the reference torchrun

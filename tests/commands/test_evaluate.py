@@ -26,25 +26,15 @@ from PIL import Image
 from src.commands.evaluate import run
 from src.engine.checkpoint.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
+from tests.support.trained_runs import CLS_VAL_SIZE, SEG_CLASSES, SEG_STEPS, SEG_VAL_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 TIMEOUT_S = 300
 
-CLS_OVERRIDES = [
-    "model=resnet20", "norm=bn", "data=shapes", "data.train_size=64", "data.val_size=37", "data.batch_size=16",
-    "data.eval_batch_size=8", "trainer.epochs=1", "trainer.ema=true", "trainer.ema_decay=0.5",
-]
-SEG_OVERRIDES = [
-    "model=deeplabv3_resnet18", "model.output_stride=16", "model.head_channels=32", "norm=syncbn",
-    "data=shapes_seg", "data.train_size=16", "data.val_size=13", "data.image_size=32", "data.crop_size=32",
-    "data.base_size=32", "data.batch_size=4", "data.variable_val_size=true", "optim.lr=0.01",
-    "sched=poly", "trainer.epochs=1", "trainer.max_steps=2",
-]
 LOSS_RTOL = 1e-6
 # Keys of a metrics row that are float means, not counts: equal only up to float32 rounding (module docstring).
 FLOAT_KEYS = ("loss",)
-QUIET = ["trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.num_threads=1"]
 
 
 def run_cmd(args: list[str]) -> str:
@@ -80,18 +70,13 @@ def assert_reproduces(evaluated: dict, logged: dict, prefix: str = "") -> None:
     assert evaluated["step"] == logged["step"] and evaluated["epoch"] == logged["epoch"]
 
 
-@pytest.fixture(scope="module")
-def cls_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2 processes with per-rank BN (norm=bn) and an EMA: the checkpoint must hold the BN statistics of model
-    and EMA that the logged metrics were computed with (made equal across ranks before evaluating)."""
-    run_dir = tmp_path_factory.mktemp("cls_run")
-    torchrun(2, "train.py", *CLS_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}")
-    return run_dir
-
-
-def test_evaluate_reproduces_logged_classification_metrics(cls_run: Path, tmp_path: Path) -> None:
-    ckpt = cls_run / "checkpoints" / "last.pt"
-    logged = last_val_row(cls_run)
+@pytest.mark.slow
+def test_evaluate_reproduces_logged_classification_metrics(trained_cls_run: Path, tmp_path: Path) -> None:
+    """The shared run (tests/support/trained_runs.py): 2 processes with per-rank BN (norm=bn) and an EMA; the
+    checkpoint must hold the BN statistics of model and EMA that the logged metrics were computed with (made equal
+    across ranks before evaluating)."""
+    ckpt = trained_cls_run / "checkpoints" / "last.pt"
+    logged = last_val_row(trained_cls_run)
     out = run_cmd([sys.executable, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'one.json'}",
                    f"export={tmp_path / 'one'}"])
     assert "top1" in out and "metric" in out  # the table
@@ -105,16 +90,19 @@ def test_evaluate_reproduces_logged_classification_metrics(cls_run: Path, tmp_pa
     assert two["world_size"] == 2
     assert_reproduces(two, logged)
     preds_one, preds_two = np.load(tmp_path / "one" / "predictions.npy"), np.load(tmp_path / "two" / "predictions.npy")
-    assert preds_one.shape == (37,)
+    assert preds_one.shape == (CLS_VAL_SIZE,)
     np.testing.assert_array_equal(preds_one, preds_two)
     rows = (tmp_path / "two" / "predictions.csv").read_text().splitlines()[1:]
-    assert [int(r.split(",")[0]) for r in rows] == list(range(37))
+    assert [int(r.split(",")[0]) for r in rows] == list(range(CLS_VAL_SIZE))
 
 
-def test_evaluate_ema_weights_reproduce_logged_ema_metrics(cls_run: Path, tmp_path: Path) -> None:
-    logged = last_val_row(cls_run)
-    run_cmd([sys.executable, "evaluate.py", f"ckpt={cls_run / 'checkpoints' / 'last.pt'}", "ema=true",
-             f"out={tmp_path / 'ema.json'}"])
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_evaluate_ema_weights_reproduce_logged_ema_metrics(trained_cls_run: Path, tmp_path: Path) -> None:
+    """In this process (evaluate.py's main only hands the composed config to run(), which the test above runs as a
+    command): `ema=true` evaluates the EMA weights, which the trainer logged as ema_*."""
+    logged = last_val_row(trained_cls_run)
+    run(_compose(f"ckpt={trained_cls_run / 'checkpoints' / 'last.pt'}", "ema=true", f"out={tmp_path / 'ema.json'}"))
     ema = json.loads((tmp_path / "ema.json").read_text())
     assert ema["weights"] == "ema"
     assert_reproduces(ema, logged, prefix="ema_")
@@ -122,13 +110,17 @@ def test_evaluate_ema_weights_reproduce_logged_ema_metrics(cls_run: Path, tmp_pa
 
 
 @pytest.mark.slow
-def test_tiny_deeplab_trained_on_two_processes_and_evaluated(tmp_path: Path) -> None:
-    """torchrun 2-process DeepLab (SyncBN) training on shapes_seg, then evaluate.py alone and on 2 processes."""
-    run_dir = tmp_path / "seg_run"
-    torchrun(2, "train.py", *SEG_OVERRIDES, *QUIET, f"hydra.run.dir={run_dir}")
-    logged = last_val_row(run_dir)
-    assert logged["step"] == 2 and 0 <= logged["miou"] <= 1
-    ckpt = run_dir / "checkpoints" / "last.pt"
+def test_tiny_deeplab_trained_on_two_processes_logs_its_evaluation(trained_seg_run: Path) -> None:
+    """The shared segmentation run: torchrun 2-process DeepLab (SyncBN) training on shapes_seg."""
+    logged = last_val_row(trained_seg_run)
+    assert logged["step"] == SEG_STEPS and 0 <= logged["miou"] <= 1
+
+
+@pytest.mark.slow
+def test_tiny_deeplab_trained_on_two_processes_and_evaluated(trained_seg_run: Path, tmp_path: Path) -> None:
+    """The shared segmentation run evaluated by evaluate.py alone and on 2 processes."""
+    logged = last_val_row(trained_seg_run)
+    ckpt = trained_seg_run / "checkpoints" / "last.pt"
 
     run_cmd([sys.executable, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'one.json'}"])
     one = json.loads((tmp_path / "one.json").read_text())
@@ -138,10 +130,10 @@ def test_tiny_deeplab_trained_on_two_processes_and_evaluated(tmp_path: Path) -> 
     torchrun(2, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'two.json'}", f"export={tmp_path / 'masks'}")
     assert_reproduces(json.loads((tmp_path / "two.json").read_text()), logged)
     files = sorted(p.name for p in (tmp_path / "masks").iterdir())
-    assert files == [f"{i:06d}.png" for i in range(13)]
+    assert files == [f"{i:06d}.png" for i in range(SEG_VAL_SIZE)]
     sizes = {Image.open(tmp_path / "masks" / f).size for f in files}
     assert len(sizes) > 1  # variable_val_size: each image evaluated (and exported) at its own size
-    assert all(np.array(Image.open(tmp_path / "masks" / f)).max() < 5 for f in files)
+    assert all(np.array(Image.open(tmp_path / "masks" / f)).max() < SEG_CLASSES for f in files)
 
 
 def _compose(*overrides: str):

@@ -1,12 +1,8 @@
 """train.py end to end as users run it: real torchrun processes (gloo over loopback), tiny jobs on `shapes`."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,48 +11,8 @@ import torch
 
 from src.engine.checkpoint.files import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 420
-
-# 192 training images of 16x16, global batch 16: 12 optimizer steps per epoch; 101 validation images
-# (prime: no world size divides it). One thread per process: the CI machine has 2 cores.
-TINY = [
-    "data.train_size=192", "data.val_size=101", "data.image_size=16", "data.eval_batch_size=64",
-    "device=cpu", "seed=3", "trainer.num_threads=1", "trainer.progress_bar=false",
-]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
-    return env
-
-
-def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S, script: str = "train.py",
-           cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=nproc script overrides` (plain `python script` for 0), in `cwd`."""
-    script_path = str(REPO / script)
-    if nproc == 0:
-        argv = [sys.executable, script_path, *overrides]
-    else:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                script_path, *overrides]
-    # Own session, so a timeout kills exactly this job's processes (agent and workers).
-    proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish in {timeout}s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, None)
-
-
-def rows(run_dir: Path, split: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["split"] == split]
+# launch, rows, TINY and REPO live in tests/support/launch.py; other test modules still import them from here.
+from tests.support.launch import REPO, TINY, launch, rows  # noqa: F401
 
 
 def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) -> tuple[Path, Path]:
@@ -117,14 +73,30 @@ def test_two_process_syncbn_run_with_accumulation_checkpoints_and_resume(tmp_pat
     assert [r["step"] for r in rows(run_dir, "train")][-6:] == list(range(26, 37, 2))
 
 
-def test_best_checkpoints_hold_only_evaluated_weights_with_their_metrics(tmp_path: Path) -> None:
+EARLIER_RUN = "2020-01-01_00-00-00"  # a run dir Hydra's default pattern (outputs/<date_time>) made earlier
+
+
+@pytest.fixture(scope="module")
+def default_dir_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One 1-process launch that two tests read: trainer.resume=auto without hydra.run.dir, from a folder whose
+    outputs/ already holds an earlier run with a checkpoint; eval_every=2, keep_best=2 over 4 epochs of 4 steps.
+    Returns the result, the outputs/ folder and the new run's dir."""
+    root = tmp_path_factory.mktemp("default_dir")
+    earlier = root / "outputs" / EARLIER_RUN
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.pt").touch()  # only its existence matters: nothing is loaded
+    job = [*TINY, "norm=bn", "data.train_size=64", "data.batch_size=16", "trainer.epochs=4", "trainer.eval_every=2",
+           "trainer.keep_best=2", "trainer.tensorboard=false", "trainer.resume=auto"]
+    result = launch(0, job, cwd=root)  # default run dir: outputs/<date_time> under root
+    assert result.returncode == 0, result.stdout[-4000:]
+    (run_dir,) = [p for p in (root / "outputs").iterdir() if p.name != EARLIER_RUN]
+    return result, root / "outputs", run_dir
+
+
+def test_best_checkpoints_hold_only_evaluated_weights_with_their_metrics(default_dir_run: tuple) -> None:
     """eval_every=2, keep_best=2 over 4 epochs: best files only at the evaluated steps, each with the metrics of
     that evaluation (unevaluated epochs once saved the previous evaluation's metrics under a later step)."""
-    run_dir = tmp_path / "run"
-    job = [*TINY, "norm=bn", "data.train_size=64", "data.batch_size=16", "trainer.epochs=4", "trainer.eval_every=2",
-           "trainer.keep_best=2", "trainer.tensorboard=false", f"hydra.run.dir={run_dir}"]
-    result = launch(0, job)
-    assert result.returncode == 0, result.stdout[-4000:]
+    _, _, run_dir = default_dir_run
     val = {r["step"]: r for r in rows(run_dir, "val")}
     assert sorted(val) == [8, 16]  # 4 steps per epoch; epochs 1 and 3 (0-based) end evaluated
     best = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("best"))
@@ -141,20 +113,14 @@ def test_best_checkpoints_hold_only_evaluated_weights_with_their_metrics(tmp_pat
     assert last["best"] == ranked
 
 
-def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_resume(tmp_path: Path) -> None:
+def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_resume(default_dir_run: tuple) -> None:
     """resume=auto without hydra.run.dir gets a new timestamped dir, which never holds a checkpoint: the run
     says so loudly and names the newest earlier run with a checkpoint, instead of silently starting over."""
-    earlier = tmp_path / "outputs" / "2020-01-01_00-00-00"
-    (earlier / "checkpoints").mkdir(parents=True)
-    (earlier / "checkpoints" / "last.pt").touch()  # only its existence matters: nothing is loaded
-    job = [*TINY, "norm=bn", "data.train_size=64", "data.batch_size=16", "trainer.max_steps=1",
-           "trainer.tensorboard=false", "trainer.resume=auto"]
-    result = launch(0, job, cwd=tmp_path)  # default run dir: outputs/<date_time> under tmp_path
-    assert result.returncode == 0, result.stdout[-4000:]
+    result, outputs, _ = default_dir_run
     assert "WARNING" in result.stdout and "STARTS FROM SCRATCH" in result.stdout
     assert "hydra.run.dir=<that run dir> trainer.resume=auto" in result.stdout
-    assert f"resume it with hydra.run.dir={earlier} trainer.resume=auto" in result.stdout
-    assert len(list((tmp_path / "outputs").iterdir())) == 2  # the new run went to its own dir
+    assert f"resume it with hydra.run.dir={outputs / EARLIER_RUN} trainer.resume=auto" in result.stdout
+    assert len(list(outputs.iterdir())) == 2  # the new run went to its own dir
 
 
 def test_a_diverging_run_stops_on_every_rank_and_keeps_the_last_finite_checkpoint(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from src.engine.checkpoint.files import load_checkpoint
-from tests.commands.test_train import TINY, launch, rows
+from tests.support.launch import TINY, launch, rows
 
 # 64 images / (2 x 8) = 4 optimizer steps per epoch; an evaluation after every epoch.
 JOB = [*TINY, "data.train_size=64", "data.val_size=31", "data.batch_size=8", "norm=gn", "optim.lr=1e-12",

@@ -14,7 +14,7 @@ import pytest
 
 from src.engine.checkpoint.files import load_checkpoint
 from tests.engine.wandb_history import history
-from tests.commands.test_train import REPO, TINY, launch, rows
+from tests.support.launch import REPO, TINY, launch, rows
 
 # 64 images / (2 x 8) = 4 optimizer steps per epoch, a train row every step, a val row every epoch.
 JOB = [*TINY, "data.train_size=64", "data.val_size=31", "data.batch_size=8", "norm=bn", "trainer.log_every=1",

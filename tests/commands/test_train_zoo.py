@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from src.engine.checkpoint.files import load_checkpoint
-from tests.commands.test_train import REPO, TINY, launch, rows
+from tests.support.launch import REPO, TINY, launch, rows
 
 # 4 optimizer steps of 2 x 8 images, one evaluation: enough to run every part of the loop once.
 SHORT = [*TINY, "norm=syncbn", "data.batch_size=8", "trainer.epochs=1", "trainer.max_steps=4", "trainer.log_every=1",
@@ -28,6 +26,7 @@ def _check_run(run_dir: Path, out: str, norm_layer: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
 def test_timm_model_with_syncbn_channels_last_and_sync_until_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "timm"
     result = launch(2, [*SHORT, "model=timm", "model.arch=mobilenetv3_small_050", "trainer.channels_last=true",
@@ -35,12 +34,15 @@ def test_timm_model_with_syncbn_channels_last_and_sync_until_step(tmp_path: Path
     assert result.returncode == 0, result.stdout[-4000:]
     ckpt = _check_run(run_dir, result.stdout, "SyncBatchNormAct2d")
     assert ckpt["config"]["model"]["arch"] == "mobilenetv3_small_050"
-    # evaluate.py rebuilds the zoo model from the config stored in the checkpoint.
+    # evaluate.py's run() (in this process, on one thread: its main only composes the config) rebuilds the zoo
+    # model from the config stored in the checkpoint.
+    from src.commands.evaluate import run
+
     out = tmp_path / "metrics.json"
-    ev = subprocess.run([sys.executable, "evaluate.py", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", f"out={out}",
-                         "device=cpu", "data.eval_batch_size=64"], cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
-    assert ev.returncode == 0, (ev.stdout + ev.stderr)[-4000:]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("evaluate", overrides=[f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", f"out={out}",
+                                             "device=cpu", "data.eval_batch_size=64"])
+    run(cfg)
     assert json.loads(out.read_text())["top1"] == pytest.approx(rows(run_dir, "val")[0]["top1"])
 
 

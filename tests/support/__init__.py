@@ -1,0 +1,1 @@
+"""Helpers shared by several test modules (launching the commands, runs made once per test session)."""
