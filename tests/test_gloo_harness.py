@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from src.syncbn import collectives, create_rank_groups, create_stats_group
 from src.syncbn.groups import rank_group, stats_group
+from tests.support import gloo
 from tests.support.gloo import RankFailure, run_on_ranks
 
 WORLD = 2
@@ -124,3 +125,13 @@ def test_a_fresh_pool_is_not_shared() -> None:
     fresh = run_on_ranks(1, _pid, fresh=True)
     assert not set(shared) & set(fresh)
     assert run_on_ranks(1, _pid) == shared
+
+
+def test_pools_over_the_worker_cap_stop_the_least_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    gloo.close_all()
+    monkeypatch.setattr(gloo, "MAX_WORKERS", 2)
+    one = run_on_ranks(1, _pid)
+    run_on_ranks(2, _pid)  # 1 + 2 workers > 2: the one-rank pool stops first
+    assert list(gloo._POOLS) == [2]
+    assert run_on_ranks(1, _pid) != one  # started again, and the two-rank pool stopped for it
+    assert list(gloo._POOLS) == [1]

@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import pickle
 import time
+from collections import OrderedDict
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
@@ -34,6 +35,10 @@ COLLECTIVE_TIMEOUT_S = 60.0  # one collective on loopback takes milliseconds; 60
 DEADLINE_S = 300.0  # one task; far above what any takes (tens of seconds on 2 busy cores)
 START_TIMEOUT_S = 300.0  # importing torch in W processes at once on 2 busy cores: tens of seconds
 GRACE_S = 5.0  # after a rank failed, how long the others may take to report their own errors
+# Idle workers kept across tests, all pools together: each holds ~375 MB of private memory (torch, the
+# kernels), and one pool per world size 1-4 would be 10 of them, in every pytest(-xdist) process. Beyond
+# this, the least recently used pools are stopped (and started again if needed later).
+MAX_WORKERS = int(os.environ.get("SYNCTRAIN_TEST_GLOO_MAX_WORKERS", "8"))
 
 
 class RankFailure(AssertionError):
@@ -137,7 +142,18 @@ class GlooPool:
             conn.close()
 
 
-_POOLS: dict[int, GlooPool] = {}
+_POOLS: "OrderedDict[int, GlooPool]" = OrderedDict()  # least recently used first
+
+
+def _shared_pool(world: int) -> GlooPool:
+    """The session's pool of `world` workers, started (after stopping unused ones over MAX_WORKERS) if needed."""
+    pool = _POOLS.get(world)
+    if pool is None:
+        while _POOLS and sum(p.world for p in _POOLS.values()) + world > MAX_WORKERS:
+            _POOLS.popitem(last=False)[1].close()
+        pool = _POOLS[world] = GlooPool(world)
+    _POOLS.move_to_end(world)
+    return pool
 
 
 def run_on_ranks(
@@ -150,9 +166,7 @@ def run_on_ranks(
     (an AssertionError) with each failing rank's traceback. `timeout_s` bounds every collective,
     `deadline_s` the whole call.
     """
-    pool = GlooPool(world) if fresh else _POOLS.get(world)
-    if pool is None:
-        pool = _POOLS[world] = GlooPool(world)
+    pool = GlooPool(world) if fresh else _shared_pool(world)
     keep = False
     try:
         results = pool.run(fn, args, timeout_s, deadline_s)
