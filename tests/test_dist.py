@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
-import os
 import socket
 import traceback
 from pathlib import Path
@@ -12,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from src import dist, process_group
+from src import dist
+from tests.support.gloo import run_on_ranks
 
-JOIN_TIMEOUT_S = 120
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -24,19 +22,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, case: str, tmp: str, queue: mp.Queue) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )
-    torch.set_num_threads(1)
+def _rank_case(rank: int, world: int, case: str, tmp: str) -> object:
+    """One case on this rank; an exception comes back as its traceback text (the tests assert on it)."""
     try:
-        process_group.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=60)
-        queue.put((rank, CASES[case](rank, world, Path(tmp))))
-    except BaseException:  # the parent asserts on the text
-        queue.put((rank, "EXC " + traceback.format_exc()))
-    finally:
-        process_group.destroy()
+        return CASES[case](rank, world, Path(tmp))
+    except BaseException:
+        return "EXC " + traceback.format_exc()
 
 
 def _case_gather(rank: int, world: int, tmp: Path) -> object:
@@ -73,17 +64,7 @@ CASES = {"gather": _case_gather, "zero_first_ok": _case_zero_first_ok, "zero_fir
 
 
 def _run(case: str, world: int, tmp_path: Path) -> dict[int, object]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, case, str(tmp_path), queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=JOIN_TIMEOUT_S) for _ in procs)
-    for p in procs:
-        p.join(timeout=JOIN_TIMEOUT_S)
-        assert p.exitcode == 0, f"worker exited with {p.exitcode}"
-    return results
+    return dict(enumerate(run_on_ranks(world, _rank_case, case, str(tmp_path))))
 
 
 def test_single_process_helpers_are_identities() -> None:

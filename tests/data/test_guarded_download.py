@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.data.test_files import _write_fake_cifar10
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 
 def _build_both(rank: int, world: int, absent: str, present: str,
@@ -20,18 +20,23 @@ def _build_both(rank: int, world: int, absent: str, present: str,
         missing = ("none", "")
     except Exception as exc:  # the test inspects what each rank raised
         missing = (type(exc).__name__, str(exc))
-    for attr, value in lists.items():  # this process's torchvision checksums -> the tiny files
-        setattr(datasets.CIFAR10, attr, value)
-    cfg = DataConfig(name="cifar10", root=present, batch_size=2)
-    bundle = build_datasets(cfg, seed=0)
-    _, labels = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
+    saved = {attr: getattr(datasets.CIFAR10, attr) for attr in lists}
+    try:
+        for attr, value in lists.items():  # this process's torchvision checksums -> the tiny files
+            setattr(datasets.CIFAR10, attr, value)
+        cfg = DataConfig(name="cifar10", root=present, batch_size=2)
+        bundle = build_datasets(cfg, seed=0)
+        _, labels = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
+    finally:  # the worker runs later tests' tasks too
+        for attr, value in saved.items():
+            setattr(datasets.CIFAR10, attr, value)
     return missing, (len(bundle.train), len(bundle.val), labels.tolist())
 
 
 def test_guarded_loading_on_two_processes(tmp_path: Path) -> None:
-    """One spawn for both cases: starting processes dominates the cost on 2 shared cores."""
+    """One task for both cases."""
     lists = _write_fake_cifar10(tmp_path / "present")
-    results = run_ranks(_build_both, 2, str(tmp_path / "absent"), str(tmp_path / "present"), lists)
+    results = run_on_ranks(2, _build_both, str(tmp_path / "absent"), str(tmp_path / "present"), lists)
     (kind0, msg0), (kind1, msg1) = results[0][0], results[1][0]
     assert kind0 == "FileNotFoundError" and "cifar-10-batches-py" in msg0 and "data.download=true" in msg0
     # The waiting rank does not hang at the barrier: it raises, naming local rank 0's error.

@@ -12,7 +12,7 @@ from PIL import Image
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
 from src.data.palette import save_mask_png
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -174,6 +174,6 @@ def test_two_ranks_share_the_check_and_fail_together(tmp_path: Path) -> None:
     write_tree(tmp_path / "good")
     write_tree(tmp_path / "bad")
     _mask(tmp_path / "bad" / "val" / "masks" / "e.png", _labels(12, 18, (3,)), mode="L")
-    results = run_ranks(_build_on_ranks, 2, str(tmp_path / "good"), str(tmp_path / "bad"))
+    results = run_on_ranks(2, _build_on_ranks, str(tmp_path / "good"), str(tmp_path / "bad"))
     assert results[0][:2] == results[1][:2] == (["background", "cat", "dog"], 2)
     assert results[0][2] == results[1][2] and "val/masks/e.png has [3]" in results[0][2]

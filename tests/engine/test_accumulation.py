@@ -21,7 +21,7 @@ from src.engine.trainer import Trainer
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 from tests.engine.fake_loader import ListLoader
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 
 @pytest.mark.parametrize("n,k", [(7, 3), (6, 3), (5, 1), (2, 4)])
@@ -100,7 +100,7 @@ def _count_allreduces(rank: int, world: int, accum: int, micro_batches: int) -> 
 
 @pytest.mark.parametrize("accum,micro_batches", [(3, 7), (1, 3)])
 def test_one_gradient_allreduce_per_optimizer_step(accum: int, micro_batches: int) -> None:
-    results = run_ranks(_count_allreduces, 2, accum, micro_batches)
+    results = run_on_ranks(2, _count_allreduces, accum, micro_batches)
     expected_steps = optimizer_steps_per_epoch(micro_batches, accum)
     for r in results:
         assert r["steps"] == expected_steps
@@ -164,7 +164,6 @@ def _accumulate_float64(rank: int, world: int) -> dict:
     losses = _GlobalLoss()
     _trainer(model, mine, accum=4, module=DistributedDataParallel(model), epochs=ACCUM_EPOCHS, dtype="float64",
              hooks=(losses,)).train()
-    # numpy arrays travel by value (torch tensors would be shared memory that dies with this process)
     return {"losses": losses.losses, "params": {k: v.numpy().copy() for k, v in model.state_dict().items()}}
 
 
@@ -178,7 +177,7 @@ def test_float64_accumulation_on_two_ranks_equals_one_batch_per_window() -> None
     1/K instead of 1/3 (the classic accumulation bug) makes them differ by 0.5 and 0.7.
     """
     torch.set_num_threads(1)
-    ranks = run_ranks(_accumulate_float64, 2)
+    ranks = run_on_ranks(2, _accumulate_float64)
     world = 2
     x, y = _data(ACCUM_MICRO * MICRO * world, seed=2)
     per = MICRO * world

@@ -16,7 +16,7 @@ import torch
 
 from src.engine.preemption import Preemption, PreemptionHook
 from src.signal_names import parse_signals
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ def _stop_steps(rank: int, world: int, scenarios: list[dict[int, int]]) -> list[
 
 def test_ranks_agree_on_the_step_to_stop_at() -> None:
     # Only rank 1 is signalled (step 4); ranks 0 and 2 at different steps (9 and 5): the first one wins.
-    assert run_ranks(_stop_steps, 3, [{1: 4}, {0: 9, 2: 5}]) == [[4, 5]] * 3
+    assert run_on_ranks(3, _stop_steps, [{1: 4}, {0: 9, 2: 5}]) == [[4, 5]] * 3
 
 
 _DATA_WORKER = r"""

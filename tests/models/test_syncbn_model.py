@@ -7,15 +7,13 @@ affine gradients, which DDP then averages) gradients.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from src.models import build_model
 
 pytest.importorskip("src.syncbn")
-from tests.syncbn.multiproc import run_group  # noqa: E402  (the project's gloo harness)
+from tests.support.gloo import run_on_ranks  # noqa: E402  (the project's gloo harness)
 
 CFG = {"name": "deeplabv3plus_resnet18", "output_stride": 16, "aux_loss_weight": 0.5, "head_channels": 16}
 
@@ -29,7 +27,7 @@ def _rank_step(rank: int, world: int, payload: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_syncbn_deeplab_on_two_processes_matches_bn_on_one(tmp_path: Path) -> None:
+def test_syncbn_deeplab_on_two_processes_matches_bn_on_one() -> None:
     torch.manual_seed(0)
     sync = build_model(CFG, {"name": "syncbn"}, 3).double()  # no process group yet: resolved at forward
     bn = build_model(CFG, {"name": "bn"}, 3).double()
@@ -41,7 +39,7 @@ def test_syncbn_deeplab_on_two_processes_matches_bn_on_one(tmp_path: Path) -> No
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.eval()
-    ranks = run_group(2, _rank_step, {"model": sync, "x": x}, tmp_path)
+    ranks = run_on_ranks(2, _rank_step, {"model": sync, "x": x})
     out = bn(x)
     (out["out"].sum() + out["aux"].sum()).backward()
     # float64 everywhere; only reduction orders differ between the two paths.

@@ -5,7 +5,6 @@ test_distributed_equivalence.py.)
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 
 from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d, collectives
 from tests.syncbn.bn_cases import build_layer, compare, make_case, make_groups, train_step
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 # Short collective timeout: if eval on one rank issued a collective, the peers' next collective would
@@ -58,12 +57,12 @@ def run_protocol(rank: int, world: int, payload: dict) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_eval_on_one_rank_and_group_wide_error(device: str, tmp_path: Path) -> None:
+def test_eval_on_one_rank_and_group_wide_error(device: str) -> None:
     eval_case = make_case("eval_one_rank", "2d", 3, [[(2, 3, 4, 4), (3, 3, 4, 4)]] * 2, seed=1)
     after_case = make_case("after_error", "1d", 3, [[(2, 3), (3, 3)]], seed=2)
     payload = {"device": device, "eval_case": eval_case, "after_error_case": after_case,
                "eval_x": torch.randn(4, 3, 4, 4)}
-    results = run_group(2, run_protocol, payload, tmp_path, collective_timeout_s=TIMEOUT_S)
+    results = run_on_ranks(2, run_protocol, payload, timeout_s=TIMEOUT_S)
     assert results[0]["eval_calls"] == {"all_gather": 0, "all_reduce": 0}
     assert results[0]["eval_matches"]
     compare(eval_case, results, [[0, 1]])  # both training steps exact: no stray collective in between

@@ -7,8 +7,6 @@ then the gradient of the one-process mean loss, including the cross-rank terms S
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn as nn
@@ -16,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from src.syncbn import convert_sync_batchnorm
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 STEPS = 4
@@ -78,9 +76,9 @@ def _reference(device: str, batch: int) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ddp_training_matches_one_process(device: str, tmp_path: Path) -> None:
+def test_ddp_training_matches_one_process(device: str) -> None:
     splits = {"equal": [4, 4], "uneven": [2, 5]}
-    results = run_group(2, run_ddp, {"device": device, "splits": splits}, tmp_path)
+    results = run_on_ranks(2, run_ddp, {"device": device, "splits": splits})
     for name, sizes in splits.items():
         ref = _reference(device, sum(sizes))
         for rank, res in enumerate(results):

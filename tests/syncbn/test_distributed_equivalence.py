@@ -1,17 +1,16 @@
 """SyncBN on 2, 3 and 4 real gloo processes == one-process nn.BatchNorm on the concatenated batch.
 
-Each world size is one spawn running every case (see multiproc.py); each case is then its own test.
+Each world size is one task on that size's worker pool running every case (tests/support/gloo.py); each
+case is then its own test.
 What is compared and at which tolerance: bn_cases.py.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.syncbn.bn_cases import compare, make_case, run_cases
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -67,11 +66,11 @@ WORLD_PARAMS = [
 
 
 @pytest.fixture(scope="module", params=WORLD_PARAMS)
-def world_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """One spawn of W processes runs every case; returns (world, cases by name, per-rank results)."""
+def world_results(request: pytest.FixtureRequest) -> tuple:
+    """One task on W ranks runs every case; returns (world, cases by name, per-rank results)."""
     world, device = request.param
     cases = _build(world)
-    results = run_group(world, run_cases, {"device": device, "cases": cases}, tmp_path_factory.mktemp(f"w{world}"))
+    results = run_on_ranks(world, run_cases, {"device": device, "cases": cases})
     return world, {c["name"]: c for c in cases}, results
 
 
@@ -94,9 +93,9 @@ def _subgroup_cases() -> list[dict]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_process_subgroups(device: str, tmp_path: Path) -> None:
+def test_process_subgroups(device: str) -> None:
     cases = _subgroup_cases()
-    results = run_group(4, run_cases, {"device": device, "cases": cases}, tmp_path)
+    results = run_on_ranks(4, run_cases, {"device": device, "cases": cases})
     compare(cases[0], results, [[0, 1], [2, 3]])
     compare(cases[1], results, [[0, 1], [2, 3]])
     compare(cases[2], results, [[0], [1], [2], [3]])

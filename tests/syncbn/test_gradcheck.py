@@ -1,7 +1,6 @@
 """torch.autograd.gradcheck of the SyncBN Function in float64, on one process and across 2 processes."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from src.syncbn.functions import sync_batch_norm
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -97,9 +96,9 @@ def run_gradcheck(rank: int, world: int, payload: dict) -> bool:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_gradcheck_across_two_processes(device: str, tmp_path: Path) -> None:
+def test_gradcheck_across_two_processes(device: str) -> None:
     gen = torch.Generator().manual_seed(1)
     sizes = [2, 1]  # uneven split of a (3, 2, 3) batch
     inputs = [torch.randn(3, 2, 3, generator=gen, dtype=torch.float64),
               torch.rand(2, generator=gen, dtype=torch.float64) + 0.5, torch.randn(2, generator=gen, dtype=torch.float64)]
-    assert run_group(2, run_gradcheck, {"device": device, "sizes": sizes, "inputs": inputs}, tmp_path) == [True, True]
+    assert run_on_ranks(2, run_gradcheck, {"device": device, "sizes": sizes, "inputs": inputs}) == [True, True]

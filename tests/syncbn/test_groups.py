@@ -8,7 +8,6 @@ parameter grads, running statistics, collectives per forward/backward).
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 
 from src.syncbn import SyncBatchNorm2d, configure_sync, create_rank_groups
 from tests.syncbn.bn_cases import build_layer, compare, make_case, train_step
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 # Uneven per-rank batches (3 + 5 in the first pair), two steps so running statistics accumulate.
 SHAPES = [[(3, 3, 4, 5), (5, 3, 4, 5), (2, 3, 4, 5), (4, 3, 4, 5)],
@@ -72,16 +71,16 @@ def _two_process_runs(rank: int, world: int, payload: dict) -> list[list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], list[dict]]:
+def four_ranks() -> tuple[dict[str, dict], list[dict]]:
     cases = _cases()
-    results = run_group(4, _with_group_size, {"cases": cases}, tmp_path_factory.mktemp("groups4"))
+    results = run_on_ranks(4, _with_group_size, {"cases": cases})
     return {c["name"]: c for c in cases}, results
 
 
-def test_group_size_2_equals_two_independent_2_process_runs(four_ranks: tuple, tmp_path: Path) -> None:
+def test_group_size_2_equals_two_independent_2_process_runs(four_ranks: tuple) -> None:
     cases, four = four_ranks
     compare(cases["k2"], four, [[0, 1], [2, 3]])  # vs the one-process oracle on each pair's batch
-    two = run_group(2, _two_process_runs, {"case": cases["k2"]}, tmp_path)
+    two = run_on_ranks(2, _two_process_runs, {"case": cases["k2"]})
     for pair in (0, 1):
         for local in (0, 1):
             for step, (got, ran) in enumerate(zip(four[2 * pair + local]["k2"], two[local][pair])):

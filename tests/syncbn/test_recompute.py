@@ -8,7 +8,6 @@ updated the running statistics again would move running_mean by momentum * (batc
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.syncbn import SyncBatchNorm2d, collectives
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 STEPS = 3
 MICRO_BATCHES = 2  # gradient accumulation: two forwards (and two backwards) per optimizer step
@@ -82,8 +81,8 @@ def _rank_runs(rank: int, world: int, payload: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_syncbn_resnet_checkpointed_on_two_processes_equals_plain(tmp_path: Path) -> None:
-    ranks = run_group(2, _rank_runs, {"batches": _batches(1, 8, 12)}, tmp_path)
+def test_syncbn_resnet_checkpointed_on_two_processes_equals_plain() -> None:
+    ranks = run_on_ranks(2, _rank_runs, {"batches": _batches(1, 8, 12)})
     for r in ranks:
         _compare(r["plain"], r["ckpt"])
         # ResNet-20: 19 SyncBN layers; one all_gather per forward and one all_reduce per backward each.

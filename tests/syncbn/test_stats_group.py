@@ -1,7 +1,6 @@
 """create_stats_group: SyncBN's collectives move to a group of their own, with results bit-identical to WORLD's."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,7 +8,7 @@ import torch.distributed as dist
 
 from src.syncbn import SyncBatchNorm2d, create_stats_group
 from src.syncbn.collectives import resolve_group
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 
 def _one_step(layer: SyncBatchNorm2d, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -32,8 +31,8 @@ def _stats_group_vs_world(rank: int, world: int, payload: Any) -> dict[str, Any]
             "equal": all(torch.equal(own[k], on_world[k]) for k in own)}
 
 
-def test_layers_without_a_group_use_the_stats_group_with_identical_results(tmp_path: Path) -> None:
-    for r in run_group(2, _stats_group_vs_world, None, tmp_path):
+def test_layers_without_a_group_use_the_stats_group_with_identical_results() -> None:
+    for r in run_on_ranks(2, _stats_group_vs_world, None):
         assert r["before"] == r["world"]  # nothing created yet: WORLD
         assert r["after"] == (r["stats"], 2) and r["stats"] != r["world"]
         assert r["equal"]

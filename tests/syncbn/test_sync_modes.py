@@ -16,7 +16,7 @@ from torch import nn
 
 from src.syncbn import SyncBatchNorm2d, collectives, configure_sync, set_optimizer_step
 from tests.syncbn.bn_cases import build_layer, make_case, train_step
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 BATCHES = (3, 5)
 STEPS = 7
@@ -81,9 +81,9 @@ def _child(rank: int, world: int, payload: dict) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
+def results() -> tuple[dict, list[dict]]:
     cases = {name: _case(name, 60 + i) for i, name in enumerate(("every_3", "until_4", "resume", "two_forwards"))}
-    return cases, run_group(2, _child, {"cases": cases}, tmp_path_factory.mktemp("modes"))
+    return cases, run_on_ranks(2, _child, {"cases": cases})
 
 
 def _oracle(case: dict, synced: list[bool]) -> list[list[dict]]:

@@ -14,7 +14,7 @@ import timm
 import torch
 
 from src.syncbn import SyncBatchNormAct2d, convert_sync_batchnorm
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 ARCHS = ("efficientnet_b0", "mobilenetv3_small_100", "regnety_002")
 BATCHES = (3, 5)
@@ -59,8 +59,8 @@ def _child(rank: int, world: int, payload: dict) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return run_group(2, _child, {}, tmp_path_factory.mktemp("timm"))
+def ranks() -> list[dict]:
+    return run_on_ranks(2, _child, {})
 
 
 @pytest.mark.parametrize("arch", ARCHS)

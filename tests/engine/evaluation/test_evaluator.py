@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from src.data.samplers import ExactEvalSampler
 from src.engine.evaluation.evaluator import evaluate
 from src.engine.evaluation.exports import mask_filename
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 NUM_CLS_SAMPLES, NUM_CLASSES = 101, 7
 NUM_SEG_IMAGES, NUM_SEG_CLASSES = 13, 5  # class 4 never occurs in the targets nor (almost surely) in preds
@@ -150,7 +150,7 @@ def test_reference_metrics_are_plausible(reference: tuple[dict, Path]) -> None:
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_distributed_evaluation_equals_one_process(world: int, reference: tuple[dict, Path], tmp_path: Path) -> None:
     ref, ref_dir = reference
-    results = run_ranks(evaluate_both, world, str(tmp_path))
+    results = run_on_ranks(world, evaluate_both, str(tmp_path))
     for rank, res in enumerate(results):
         assert same(res["cls"], ref["cls"]), (rank, res["cls"], ref["cls"])
         assert same(res["seg"], ref["seg"]), (rank, res["seg"], ref["seg"])
