@@ -9,6 +9,8 @@ whatever the GPU is.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +83,11 @@ class Backend:
 # order. A kernel that is right only because the emulator happened to run a writer before its reader
 # (a missing barrier, a reduction that assumes the last warp runs last) fails under one of them, and
 # the emulator's race detector reports the unsynchronised accesses under both.
+# No case can skip the reverse run, not even one launching a single warp in a single block: the reverse
+# schedule reverses the lanes within each warp too (LaunchOrder::block_threads, csrc/simt/schedule.cpp),
+# so any launch of more than one thread runs in another order (test_simt.py's syncwarp race probe is one
+# 32-thread warp whose result the order changes). Only a launch of one thread, or no launch at all,
+# runs the same either way; every launch the five ops make on CASES has at least 128 threads.
 SCHEDULES = ("forward", "reverse")
 BACKENDS = [*(pytest.param(f"emulated-{s}", marks=pytest.mark.cuda_emulated) for s in SCHEDULES),
             pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -96,6 +103,25 @@ def load_backend(name: str) -> Backend:
         ops.set_schedule(schedule)
         return Backend(name, ops, "cpu", schedule)
     return Backend(name, load_extension(), "cuda")
+
+
+@contextmanager
+def one_intraop_thread() -> Iterator[None]:
+    """torch's CPU ops on one thread while the kernel tests run (the previous count restored after).
+
+    Their tensors hold at most ~400k values, where OpenMP's fork and join cost more than a second thread
+    saves, and on a machine whose cores are shared (CI's two, pytest-xdist workers, a GPU box's other
+    jobs) the waiting threads spin: a subset of test_cuda_kernels.py took 220 s with torch's default two
+    threads on the busy 2-core CI machine and 39 s with one. What runs on more threads here is only the
+    references (float64 ops, our CPU kernels, whose own multi-threaded paths test_kernels.py tests); the
+    emulated kernels run on one thread either way.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def make(shape, layout, dtype, device, *, seed=0, loc=0.0, scale=1.0) -> torch.Tensor:

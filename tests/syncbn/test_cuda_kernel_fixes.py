@@ -16,15 +16,16 @@ import torch
 
 from src.syncbn.extension import load_extension
 from tests.syncbn import reference_ops as ref
-from tests.syncbn.cuda_cases import BACKENDS, EPS, H100, load_backend
+from tests.syncbn.cuda_cases import BACKENDS, EPS, H100, load_backend, one_intraop_thread
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kb(request):
-    """The backend the kernels run on (emulated on the CPU, or a GPU)."""
+    """The backend the kernels run on (emulated on the CPU, or a GPU); torch's CPU ops on one thread."""
     backend = load_backend(request.param)
     backend.use(H100)
-    yield backend
+    with one_intraop_thread():
+        yield backend
     backend.use(H100)
 
 

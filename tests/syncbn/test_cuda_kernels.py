@@ -15,7 +15,7 @@ import torch
 from src.syncbn.extension import load_extension
 from tests.syncbn import reference_ops as ref
 from tests.syncbn.cuda_cases import (ACC_TOL, BACKENDS, CASE_IDS, CASES, DTYPES, EPS, H100, OUT_TOL, acc_of, affine,
-                                     close, load_backend, make, to_cpu)
+                                     close, load_backend, make, one_intraop_thread, to_cpu)
 
 
 # (input dtype, affine parameters): none, in the input dtype, or fp32 with a 16-bit input (AMP).
@@ -25,9 +25,10 @@ AFFINE = [pytest.param(dt, mode, id=f"{dt}-{mode}") for dt in DTYPES for mode in
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kb(request):
-    """The backend the kernels run on (emulated on the CPU, or a GPU)."""
+    """The backend the kernels run on (emulated on the CPU, or a GPU); torch's CPU ops on one thread."""
     backend = load_backend(request.param)
-    yield backend
+    with one_intraop_thread():
+        yield backend
     backend.release()
 
 
@@ -35,6 +36,24 @@ def kb(request):
 def cpu_ops():
     """Our CPU kernels, the second opinion."""
     return load_extension()
+
+
+@pytest.fixture(scope="module")
+def inputs(kb) -> dict:
+    """Kernel outputs that a test feeds to the op it checks, kept per backend (and schedule): test_elemt and
+    test_backward_elemt run each case and dtype once per affine mode on the same x (and dy), so the statistics
+    (and backward_reduce's sums) they normalise with are the same for every mode. Each is computed on the
+    first mode and handed out as a copy to the others; the emulator is deterministic for a given schedule,
+    so running the kernels again would give these very tensors. A pytest-xdist worker that gets another mode
+    of the case computes them itself."""
+    return {}
+
+
+def shared(inputs: dict, key: tuple, compute) -> tuple:
+    """compute() the first time `key` is asked for; every time, fresh copies (no test sees another's edits)."""
+    if key not in inputs:  # copies kept: the ops' outputs live in the emulator's device-memory registry
+        inputs[key] = tuple(t.clone() for t in compute())
+    return tuple(t.clone() for t in inputs[key])
 
 
 def global_stats(ops, x: torch.Tensor):
@@ -204,10 +223,10 @@ def test_gather_stats_skips_empty_rows_and_all_empty(kb):
 
 @pytest.mark.parametrize("dtype,mode", AFFINE)
 @pytest.mark.parametrize("shape,layout,device,why", CASES, ids=CASE_IDS)
-def test_elemt(kb, cpu_ops, shape, layout, device, why, dtype, mode):
+def test_elemt(kb, cpu_ops, inputs, shape, layout, device, why, dtype, mode):
     kb.use(device)
     x = make(shape, layout, dtype, kb.device, loc=0.5)
-    mean, invstd, _ = global_stats(kb.ops, x)
+    mean, invstd, _ = shared(inputs, ("elemt", shape, layout, device, dtype), lambda: global_stats(kb.ops, x))
     w, b = affine(shape[1], mode, dtype, kb.device)
     y = kb.ops.batch_norm_elemt(x, w, b, mean, invstd)
     assert y.dtype == x.dtype and y.shape == x.shape
@@ -244,13 +263,17 @@ def test_backward_reduce(kb, cpu_ops, shape, layout, device, why, dtype):
 
 @pytest.mark.parametrize("dtype,mode", AFFINE)
 @pytest.mark.parametrize("shape,layout,device,why", CASES, ids=CASE_IDS)
-def test_backward_elemt(kb, cpu_ops, shape, layout, device, why, dtype, mode):
+def test_backward_elemt(kb, cpu_ops, inputs, shape, layout, device, why, dtype, mode):
     kb.use(device)
     x = make(shape, layout, dtype, kb.device, loc=0.25)
     dy = make(shape, layout, dtype, kb.device, seed=2, loc=0.1)
-    mean, invstd, count = global_stats(kb.ops, x)
+
+    def forward_and_reduce():
+        mean, invstd, count = global_stats(kb.ops, x)
+        return mean, invstd, count, kb.ops.batch_norm_backward_reduce(dy, x, mean, invstd)
+
+    mean, invstd, count, reduced = shared(inputs, ("backward_elemt", shape, layout, device, dtype), forward_and_reduce)
     w, _ = affine(shape[1], mode, dtype, kb.device)
-    reduced = kb.ops.batch_norm_backward_reduce(dy, x, mean, invstd)
     dx = kb.ops.batch_norm_backward_elemt(dy, x, mean, invstd, w, reduced, count)
     assert dx.dtype == x.dtype and dx.shape == x.shape and dx.stride() == x.stride()
     rtol, atol = OUT_TOL[dtype]

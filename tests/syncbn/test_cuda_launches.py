@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from src.syncbn.extension import load_emulated_cuda_extension
-from tests.syncbn.cuda_cases import CASES, DTYPES, H100, SCHEDULES, make
+from tests.syncbn.cuda_cases import CASES, DTYPES, H100, SCHEDULES, make, one_intraop_thread
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -25,10 +25,11 @@ STREAMING = ("stats", "elemt", "backward_reduce", "backward_elemt")
 
 @pytest.fixture(scope="module", params=SCHEDULES)
 def emu(request):
-    """The emulated kernels, under each schedule (lane, warp and block order) in turn."""
+    """The emulated kernels, under each schedule (lane, warp and block order) in turn; torch on one thread."""
     module = load_emulated_cuda_extension(H100)
     module.set_schedule(request.param)
-    yield module
+    with one_intraop_thread():
+        yield module
     module.set_schedule(None)
     module.set_device(H100)
     module.record_launches(False)

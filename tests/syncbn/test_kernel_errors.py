@@ -16,16 +16,17 @@ import pytest
 import torch
 
 from src.syncbn.extension import load_extension
-from tests.syncbn.cuda_cases import BACKENDS, load_backend
+from tests.syncbn.cuda_cases import BACKENDS, load_backend, one_intraop_thread
 
 CL = torch.channels_last
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def kb(request):
-    """The CUDA kernels (emulated under each schedule, or on a GPU)."""
+    """The CUDA kernels (emulated under each schedule, or on a GPU); torch's CPU ops on one thread."""
     backend = load_backend(request.param)
-    yield backend
+    with one_intraop_thread():
+        yield backend
     backend.release()
 
 

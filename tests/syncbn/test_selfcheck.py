@@ -21,6 +21,7 @@ from src.models.config import NormConfig
 from src.models.norms import checked_cuda_syncbn, finalize_norms
 from src.syncbn import selfcheck
 from src.syncbn import selfcheck_cases as sc
+from tests.syncbn.cuda_cases import one_intraop_thread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,8 @@ def test_selfcheck_passes_on_the_emulated_build(caplog):
     """Every op, case and dtype agrees with the float64 reference on the emulated kernels."""
     from src.syncbn.extension import load_emulated_cuda_extension
 
-    report = selfcheck.run_selfcheck(load_emulated_cuda_extension("h100"), "cpu", device_name="emulated h100")
+    with one_intraop_thread():
+        report = selfcheck.run_selfcheck(load_emulated_cuda_extension("h100"), "cpu", device_name="emulated h100")
     # per case x dtype: stats per rank, 5 gather outputs, elemt + backward_reduce + backward_elemt per rank
     per_dtype = sum(3 * len(c.ranks) + 5 + len(c.ranks) for c in sc.CASES)
     assert report.comparisons == per_dtype * len(sc.DTYPES)
@@ -55,7 +57,8 @@ def test_selfcheck_catches_the_faulty_variant(tmp_path):
         else:
             print("MISSED")
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # One intra-op thread, as in the test above (tests/syncbn/cuda_cases.py: one_intraop_thread says why).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
