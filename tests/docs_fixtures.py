@@ -1,14 +1,9 @@
 """What the documented commands expect to find (tests/test_docs.py): checkpoints of both tasks from short real
-trainings, the demo folders, a few new images; made once per test session, also across pytest-xdist workers."""
+trainings, the demo folders, a few new images (tests/test_docs.py makes them once per session)."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
-from typing import Callable
-
-import pytest
-from filelock import FileLock
 
 from tests.docs_runner import DocsRunner
 
@@ -38,20 +33,3 @@ def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
     images.mkdir()
     for i, image in enumerate(sorted((root / "demo" / "classify" / "val").rglob("*.jpg"))[:3]):
         shutil.copy(image, images / f"img{i}.jpg")
-
-
-def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
-    """A folder `build` fills, made once per test session even across pytest-xdist workers (a lock and a marker
-    next to the workers' own temporary folders)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        root = tmp_path_factory.mktemp(name)
-        build(root)
-        return root
-    root = tmp_path_factory.getbasetemp().parent / name
-    with FileLock(f"{root}.lock"):
-        if not (root / ".done").exists():
-            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way
-            root.mkdir()
-            build(root)
-            (root / ".done").touch()
-    return root

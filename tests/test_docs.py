@@ -31,7 +31,8 @@ from typing import Iterator
 import pytest
 
 from tests.docs_commands import DOC_FILES, REPO, DocCommand, documented_commands
-from tests.docs_fixtures import build_fixtures, made_once
+from tests.docs_fixtures import build_fixtures
+from tests.support.shared_dir import made_once
 from tests.docs_runner import DocsRunner, Result
 
 TIMEOUT_S = 300

@@ -19,6 +19,12 @@ class _Factory:
         return self.base
 
 
+@pytest.fixture(autouse=True)
+def _outside_xdist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests give made_once their own base folder; under xdist it would take the workers' shared parent."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+
+
 def test_the_folder_is_made_by_the_first_caller_only(tmp_path: Path) -> None:
     calls: list[Path] = []
 
@@ -50,6 +56,21 @@ def test_xdist_workers_share_the_folder_above_their_own_basetemp(tmp_path: Path,
     assert session_root(_Factory(tmp_path / "gw0")) == tmp_path / "gw0"
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     assert session_root(_Factory(tmp_path / "gw0")) == session_root(_Factory(tmp_path / "gw1")) == tmp_path
+
+
+def test_two_xdist_workers_share_one_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+
+    def make(folder: Path) -> None:
+        calls.append(folder)
+        (folder / "result").write_text("made")
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    first = made_once(_Factory(tmp_path / "popen-gw0"), "expensive", make)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    second = made_once(_Factory(tmp_path / "popen-gw1"), "expensive", make)
+    assert first == second == tmp_path / "shared" / "expensive"
+    assert calls == [first] and (first / "result").read_text() == "made"
 
 
 def test_a_changed_shared_folder_is_named(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from tests.docker.buildah import Buildah, BuildahError
 from tests.docker.conftest import BuiltImage
 from tests.docker.images import REPO
 from tests.docker.pip_sources import PIP_CACHE, pip_sources
-from tests.docker.shared_once import shared_results
+from tests.support.shared_dir import made_once
 
 # Its own xdist group (tests/conftest.py puts the rest of tests/docker in one): it shares no fixture with the
 # image tests, so under `make test` it runs beside them on another worker rather than after them.
@@ -112,7 +112,7 @@ def _run_steps(storage: Buildah, folder: Path) -> None:
 @pytest.fixture(scope="session")
 def bare_run(buildah_storage: Buildah, tmp_path_factory: pytest.TempPathFactory) -> BareRun:
     """The README's steps run once per test run in a fresh bare-machine container."""
-    folder = shared_results(tmp_path_factory, "bare-machine", lambda f: _run_steps(buildah_storage, f))
+    folder = made_once(tmp_path_factory, "bare-machine", lambda f: _run_steps(buildah_storage, f))
     return BareRun(folder / "outputs")
 
 
