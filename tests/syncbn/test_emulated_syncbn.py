@@ -13,7 +13,7 @@ import pytest
 
 from tests.syncbn.bn_cases import compare, make_case, run_cases
 from tests.support.gloo import run_on_ranks
-from tests.syncbn.test_distributed_equivalence import CASES as EQUIVALENCE_CASES, _shapes
+from tests.syncbn.equivalence_cases import CASES as EQUIVALENCE_CASES, shapes
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -44,7 +44,7 @@ def world_results() -> tuple:
         cls, c, batches, rest, opts = EQUIVALENCE_CASES[name]
         opts = dict(opts)
         steps = opts.pop("steps", 1)
-        cases.append(make_case(name, cls, c, _shapes(batches, rest, c, WORLD, steps), seed=900 + i, **opts))
+        cases.append(make_case(name, cls, c, shapes(batches, rest, c, WORLD, steps), seed=900 + i, **opts))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulated")
         mp.setenv("SYNCTRAIN_SIMT_DEVICE", "orin")
