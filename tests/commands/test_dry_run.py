@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.commands.test_train import REPO, TINY, launch
+from tests.support.launch import REPO, TINY, launch
 
 
 def _written(run_dir: Path) -> list[str]:

@@ -31,7 +31,7 @@ from torchvision.transforms import v2
 
 from src.engine.checkpoint.files import atomic_write_bytes, load_checkpoint, serialize
 from src.data.palette import color_palette
-from tests.engine.gloo_ranks import run_ranks
+from tests.support.gloo import run_on_ranks
 
 # real torchrun trainings and predictions; reference forwards on one thread (conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -182,11 +182,16 @@ def _predict_on_ranks(rank: int, world: int, ckpt: str, source: str, out: str) -
     import src.commands.predict as predict
     import src.engine.evaluation.exports as exports
 
-    exports.MASKS_PER_ROUND = 2  # several gather rounds with a handful of images
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        cfg = compose("predict", overrides=[f"ckpt={ckpt}", f"input={source}", f"out={out}", "num_workers=0",
-                                            *THREADS])
-    predict.run(cfg)
+    # Several gather rounds with a handful of images. Put back afterwards: the rank's process is reused
+    # by later tests (tests/support/gloo.py), which reset its environment and torch state, not module constants.
+    saved, exports.MASKS_PER_ROUND = exports.MASKS_PER_ROUND, 2
+    try:
+        with initialize_config_dir(str(REPO / "conf"), version_base=None):
+            cfg = compose("predict", overrides=[f"ckpt={ckpt}", f"input={source}", f"out={out}", "num_workers=0",
+                                                *THREADS])
+        predict.run(cfg)
+    finally:
+        exports.MASKS_PER_ROUND = saved
 
 
 def test_two_ranks_predict_nested_and_clashing_names_once_each(walkthrough: Path, tmp_path: Path) -> None:
@@ -202,7 +207,7 @@ def test_two_ranks_predict_nested_and_clashing_names_once_each(walkthrough: Path
         Image.open(src_images[i]).convert("RGB").save(source / rel)
     ckpt = walkthrough / "outputs" / "demo_segment" / "checkpoints" / "last.pt"
     out = tmp_path / "out"
-    run_ranks(_predict_on_ranks, 2, str(ckpt), str(source), str(out))
+    run_on_ranks(2, _predict_on_ranks, str(ckpt), str(source), str(out))
     relative = sorted(Path(r) for r in layout)
     expected = ["a.jpg.png", "a.png.png", "day1/x.png", "day2/deeper/y.png", "day2/x.png", "z.png", "zz.png"]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == expected

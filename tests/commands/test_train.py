@@ -11,8 +11,7 @@ import torch
 
 from src.engine.checkpoint.files import load_checkpoint
 
-# launch, rows, TINY and REPO live in tests/support/launch.py; other test modules still import them from here.
-from tests.support.launch import REPO, TINY, launch, rows  # noqa: F401
+from tests.support.launch import TINY, launch, rows
 
 
 def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) -> tuple[Path, Path]:

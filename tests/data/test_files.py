@@ -1,7 +1,6 @@
 """Datasets on disk, proven with tiny files written here (nothing can be downloaded in tests)."""
 from __future__ import annotations
 
-import hashlib
 import pickle
 from pathlib import Path
 
@@ -12,34 +11,11 @@ from PIL import Image
 from torchvision import datasets
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
-
-
-def _md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def _write_fake_cifar10(root: Path, n_per_batch: int = 4) -> dict[str, list]:
-    """torchvision's layout with tiny batches; returns the MD5 lists matching the files."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    lists: dict[str, list] = {"train_list": [], "test_list": []}
-    names = [(n, "train_list") for n, _ in datasets.CIFAR10.train_list] + [("test_batch", "test_list")]
-    for i, (name, which) in enumerate(names):
-        data = rng.integers(0, 256, size=(n_per_batch, 3 * 32 * 32), dtype=np.uint8)
-        labels = [(i + j) % 10 for j in range(n_per_batch)]
-        with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "labels": labels}, f)
-        lists[which].append([name, _md5(folder / name)])
-    meta = folder / "batches.meta"
-    with open(meta, "wb") as f:
-        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
-    lists["meta"] = {"filename": "batches.meta", "key": "label_names", "md5": _md5(meta)}
-    return lists
+from tests.data.fake_cifar10 import write_fake_cifar10
 
 
 def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    lists = _write_fake_cifar10(tmp_path)
+    lists = write_fake_cifar10(tmp_path)
     # The real files' checksums are torchvision constants; point them at our tiny files instead.
     for attr, value in lists.items():
         monkeypatch.setattr(datasets.CIFAR10, attr, value)
@@ -69,7 +45,7 @@ def test_cifar_missing_offline_says_where(tmp_path: Path, name: str, folder: str
 
 
 def test_cifar_corrupt_files_say_what_to_do(tmp_path: Path) -> None:
-    _write_fake_cifar10(tmp_path)  # real torchvision checksums: these files do not match them
+    write_fake_cifar10(tmp_path)  # real torchvision checksums: these files do not match them
     with pytest.raises(RuntimeError, match="checksum"):
         build_datasets(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.data.test_files import _write_fake_cifar10
+from tests.data.fake_cifar10 import write_fake_cifar10
 from tests.support.gloo import run_on_ranks
 
 
@@ -35,7 +35,7 @@ def _build_both(rank: int, world: int, absent: str, present: str,
 
 def test_guarded_loading_on_two_processes(tmp_path: Path) -> None:
     """One task for both cases."""
-    lists = _write_fake_cifar10(tmp_path / "present")
+    lists = write_fake_cifar10(tmp_path / "present")
     results = run_on_ranks(2, _build_both, str(tmp_path / "absent"), str(tmp_path / "present"), lists)
     (kind0, msg0), (kind1, msg1) = results[0][0], results[1][0]
     assert kind0 == "FileNotFoundError" and "cifar-10-batches-py" in msg0 and "data.download=true" in msg0

@@ -13,7 +13,7 @@ from src.config import validate_config
 from src.engine.checkpoint.files import load_checkpoint
 from src.engine.compile import CompileError, compile_failure, compile_modules
 from src.unwrap import unwrap_model, without_ddp
-from tests.commands.test_train import TINY, launch, rows
+from tests.support.launch import TINY, launch, rows
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -1,6 +1,6 @@
 """torch.compile(fullgraph=True) of a model with our SyncBN on 2 real gloo processes equals eager mode.
 
-One spawn runs every phase (starting Python + torch in the children costs seconds; Inductor's C++
+One run on 2 ranks does every phase (starting Python + torch in the workers costs seconds; Inductor's C++
 compiles cost more, so only one phase uses Inductor). Each phase trains a float64 model with SyncBN
 layers of every kind (momentum=0.1, momentum=None, track_running_stats=False, affine=False) compiled
 with fullgraph=True, step by step next to an eager copy of it (same initial weights, same data, SGD),
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 # Inductor compiles on 2 processes: minutes, so the run is part of make test, not the make test-fast loop.
 pytestmark = pytest.mark.slow
@@ -58,11 +57,11 @@ PHASES = {
     "inductor_empty_rank": ("inductor", [[4, 0]] * 2, 1),
 }
 INDUCTOR_CONFIG = {"inductor_empty_rank": {"layout_optimization": False}}
-# Safety nets of the spawn (tests/syncbn/multiproc.py), wider than its defaults because compiling is
-# slow and uneven here: a cold Inductor compile of both phases took more than the default 240 s on a
-# loaded 2-core machine, and the ranks compile different kernels (different batch sizes), so one may
-# wait in the graph's first collective while the other still compiles. pytest's 900 s stays the limit.
-SPAWN_TIMEOUTS = dict(join_timeout_s=600.0, collective_timeout_s=300.0)
+# Safety nets of the run (tests/support/gloo.py), wider than its defaults because compiling is slow and
+# uneven here: a cold Inductor compile of both phases took more than 240 s on a loaded 2-core machine, and
+# the ranks compile different kernels (different batch sizes), so one may wait in the graph's first
+# collective while the other still compiles. pytest's 900 s stays the limit.
+SPAWN_TIMEOUTS = dict(deadline_s=600.0, timeout_s=300.0)
 
 
 class Net(nn.Module):
@@ -111,7 +110,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, g: torc
 
 
 def run_phases(rank: int, world: int, payload: dict) -> dict[str, Any]:
-    """Child: every phase on this rank; compiled and eager records per step, graph counts, code."""
+    """On each rank: every phase; compiled and eager records per step, graph counts, code."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
@@ -165,10 +164,14 @@ def _data(world: int) -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module", params=DEVICES)
-def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """One spawn of 2 processes runs every phase; per-rank results."""
+def results(request: pytest.FixtureRequest) -> list[dict]:
+    """One run on 2 ranks does every phase; per-rank results."""
     payload = {"device": request.param, "data": _data(2)}
-    return run_group(2, run_phases, payload, tmp_path_factory.mktemp("compile"), **SPAWN_TIMEOUTS)
+    # fresh=True: processes of this run alone. src/syncbn/fusable.py reads SYNCTRAIN_SYNCBN_FUSE once, at
+    # import, so a reused worker would compile whichever fusion its first task's environment chose, not this
+    # process's; and compiling leaves Dynamo/Inductor state (caches, Inductor's compile-worker processes,
+    # hundreds of MB of imports) that no later task on a shared worker should inherit.
+    return run_on_ranks(2, run_phases, payload, fresh=True, **SPAWN_TIMEOUTS)
 
 
 def _count(code: str, op: str) -> int:

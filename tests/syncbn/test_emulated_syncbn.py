@@ -2,7 +2,7 @@
 nn.BatchNorm on the concatenated batch: forward, all gradients, running statistics (bn_cases.py).
 
 SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated makes src.syncbn.functions.kernel_ops() return the emulated
-build, in this process and in the spawned ranks; the emulated device is a 16-SM Orin, whose few
+build, in this process and in the ranks; the emulated device is a 16-SM Orin, whose few
 resident blocks split these small batches across several blocks per channel. A subset of the CPU
 equivalence cases (test_distributed_equivalence.py) that covers layouts, dtypes, empty ranks and the
 cumulative momentum. Rank 0 runs the kernels in forward lane, warp and block order, rank 1 in reverse.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tests.syncbn.bn_cases import compare, make_case, run_cases
-from tests.syncbn.multiproc import run_group
-from tests.syncbn.test_distributed_equivalence import CASES as EQUIVALENCE_CASES, _shapes
+from tests.support.gloo import run_on_ranks
+from tests.syncbn.equivalence_cases import CASES as EQUIVALENCE_CASES, shapes
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -38,18 +38,22 @@ def run_emulated(rank: int, world: int, payload: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def world_results(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+def world_results() -> tuple:
     cases = []
     for i, name in enumerate(SUBSET):
         cls, c, batches, rest, opts = EQUIVALENCE_CASES[name]
         opts = dict(opts)
         steps = opts.pop("steps", 1)
-        cases.append(make_case(name, cls, c, _shapes(batches, rest, c, WORLD, steps), seed=900 + i, **opts))
+        cases.append(make_case(name, cls, c, shapes(batches, rest, c, WORLD, steps), seed=900 + i, **opts))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulated")
         mp.setenv("SYNCTRAIN_SIMT_DEVICE", "orin")
         payload = {"device": "cpu", "cases": cases, "schedules": RANK_SCHEDULES}
-        out = run_group(WORLD, run_emulated, payload, tmp_path_factory.mktemp("emu"))
+        # fresh=True: the ranks are started here, so they inherit both variables. SYNCTRAIN_SIMT_DEVICE is read
+        # once per process (extension.emulated_cuda_ops), and the emulated module is one per process and keeps
+        # its device and schedule: a reused worker would run these cases on whatever device and schedule an
+        # earlier task left, and would pass this test's orin device and reverse schedule on to later tasks.
+        out = run_on_ranks(WORLD, run_emulated, payload, fresh=True)
     return {c["name"]: c for c in cases}, out
 
 

@@ -5,8 +5,8 @@ error: all raise SelfCheckError naming the failing rank). And the device-sized c
 device_cases) reach the launch branches they are there for.
 
 The wrong result on one rank is injected in Python (the same doubled value as the SYNCTRAIN_SELFCHECK_FAULT
-build, whose detection tests/syncbn/test_selfcheck.py covers): one spawn then serves every scenario, with
-one emulated build per process."""
+build, whose detection tests/syncbn/test_selfcheck.py covers): one run on 2 ranks then serves every scenario,
+with one emulated build per process."""
 from __future__ import annotations
 
 import logging
@@ -22,14 +22,14 @@ import torch
 from src.syncbn import selfcheck
 from src.syncbn import selfcheck_cases as sc
 from src.syncbn.extension import build, load_emulated_cuda_extension, make_emulated_spec
-from tests.syncbn.multiproc import run_group
+from tests.support.gloo import run_on_ranks
 
 pytestmark = pytest.mark.cuda_emulated
 
 SMALL_DEVICE = "orin,sm_count=1"  # 1 SM x 1536 threads: 6 resident blocks, so the device cases stay small
 CASES = (sc.CASES[0],)  # one case in float32: the gate's behaviour, not the kernels', is under test here
 DTYPES = (torch.float32,)
-COLLECTIVE_TIMEOUT_S = 30.0  # a rank left waiting in the all_reduce fails the test well before the join deadline
+COLLECTIVE_TIMEOUT_S = 30.0  # a rank left waiting in the all_reduce fails the test well before the deadline
 
 
 @pytest.fixture
@@ -140,13 +140,13 @@ def _unwritable(tmp_path: Path) -> str:
 
 
 def test_ranks_agree_without_a_hang(tmp_path):
-    """One spawn of 2 gloo ranks, four scenarios in turn (every torch reference raising and the cache
+    """One run on 2 gloo ranks, four scenarios in turn (every torch reference raising and the cache
     unwritable in the fallback ones):
     - fallback, no fault: both ranks pass on float64 alone and return True; nothing is remembered;
     - fallback, rank 1's backward_reduce wrong: both return False;
     - error, rank 1's backward_reduce wrong: both raise SelfCheckError naming rank 1, within seconds;
     - error, rank 1's elemt raising: the same, and nobody remembers the pass rank 0 had."""
-    build(make_emulated_spec(), import_module=False)  # here, under pytest's timeout, not in the children
+    build(make_emulated_spec(), import_module=False)  # here, under pytest's timeout, not in the ranks
     unwritable, ok = _unwritable(tmp_path), str(tmp_path / "ok" / "selfcheck.json")
     scenarios = [
         {"mode": "fallback", "torch_reference": True, "cache": unwritable},
@@ -154,8 +154,11 @@ def test_ranks_agree_without_a_hang(tmp_path):
         {"mode": "error", "torch_reference": False, "cache": ok, "broken": "wrong"},
         {"mode": "error", "torch_reference": False, "cache": ok, "broken": "raises"},
     ]
-    results = run_group(2, _gate_scenarios, {"scenarios": scenarios}, tmp_path / "run",
-                        collective_timeout_s=COLLECTIVE_TIMEOUT_S, join_timeout_s=180)
+    # fresh=True: each rank replaces selfcheck.run_selfcheck and selfcheck.cache_path, adds a log handler and
+    # switches the process's one emulated module to the h100 device; none of that may reach later tasks of a
+    # reused worker, nor may an earlier task's emulated device or schedule reach this one.
+    results = run_on_ranks(2, _gate_scenarios, {"scenarios": scenarios}, timeout_s=COLLECTIVE_TIMEOUT_S,
+                           deadline_s=180, fresh=True)
     passed, fell_back, wrong, raised = ([rank[i] for rank in results] for i in range(len(scenarios)))
     assert [r.get("result") for r in passed] == [True, True], passed
     for r in passed:

@@ -16,7 +16,7 @@ from src.engine.checkpoint.state import FORMAT_VERSION, Progress, TrainState, re
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 from tests.engine.legacy_checkpoint import write_format_v0
-from tests.commands.test_train import launch, rows
+from tests.support.launch import launch, rows
 
 # 64 images of 16x16 in batches of 16: 4 optimizer steps per epoch, 2 epochs; a 37-image validation set.
 JOB = ["model=resnet20", "norm=bn", "data.train_size=64", "data.val_size=37", "data.image_size=16",
