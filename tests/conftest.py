@@ -30,6 +30,8 @@ def _start_order(group: str) -> int:
     return next((i for i, prefix in enumerate(LONG_GROUPS_FIRST) if group.startswith(prefix)), len(LONG_GROUPS_FIRST))
 
 
+# tryfirst: pytest-xdist reads the xdist_group marks in its own collection hook, which would otherwise run first.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked `cuda` on machines without a GPU; group tests for pytest-xdist's `--dist loadgroup`."""
     groups: dict[str, str] = {}
