@@ -15,7 +15,8 @@ TESTS = Path(__file__).resolve().parent
 # run and the SLURM cluster): all their tests go to one worker, so those fixtures are made once.
 SHARED_FIXTURE_FOLDERS = ("docker", "cluster")
 # The longest groups start first, so no worker is left with a long one at the end of the run.
-LONG_GROUPS_FIRST = ("docker", "cluster", "test_docs.py", "commands/")
+LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test_compile.py", "commands/",
+                     "test_docs.py")
 
 
 def xdist_group(item: pytest.Item) -> str:
