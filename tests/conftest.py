@@ -15,8 +15,9 @@ TESTS = Path(__file__).resolve().parent
 # run and the SLURM cluster): all their tests go to one worker, so those fixtures are made once.
 SHARED_FIXTURE_FOLDERS = ("docker", "cluster")
 # The longest groups start first, so no worker is left with a long one at the end of the run.
-LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test_compile.py", "commands/",
-                     "test_docs.py")
+# (A clean clone, as in CI, compiles every kernel variant: the nvcc check and the faulty self-check build too.)
+LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test_compile.py",
+                     "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py")
 
 
 def xdist_group(item: pytest.Item) -> str:
