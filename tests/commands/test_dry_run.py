@@ -13,7 +13,7 @@ def _written(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts)
 
 
-@pytest.mark.parametrize("nproc", [0, 2])
+@pytest.mark.parametrize("nproc", [0, pytest.param(2, marks=pytest.mark.slow)])  # 2: torchrun
 def test_train_dry_run_builds_forwards_once_summarises_and_writes_nothing(tmp_path: Path, nproc: int) -> None:
     run_dir = tmp_path / "run"
     result = launch(nproc, [*TINY, "norm=syncbn", "data.batch_size=8", "trainer.grad_accum_steps=2", "trainer.dry_run=true",

@@ -24,6 +24,7 @@ def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) ->
     return two, one
 
 
+@pytest.mark.slow  # torchrun on 2 processes
 def test_bad_config_fails_on_every_rank_before_any_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
     result = launch(2, [*TINY, "trainer.grad_accum_steps=0", f"hydra.run.dir={tmp_path / 'run'}"], timeout=180)
@@ -122,6 +123,7 @@ def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_r
     assert len(list(outputs.iterdir())) == 2  # the new run went to its own dir
 
 
+@pytest.mark.slow  # torchrun on 2 processes
 def test_a_diverging_run_stops_on_every_rank_and_keeps_the_last_finite_checkpoint(tmp_path: Path) -> None:
     """optim.lr=1e6 on 2 processes: a non-zero exit, every rank raising the error that names the step and the
     usual causes (none left waiting in a collective), and last.pt still finite."""
