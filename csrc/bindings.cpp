@@ -1,8 +1,8 @@
-// The five SyncBN kernels (csrc/syncbn.h) as PyTorch operators and as Python functions. Each op
+// The seven SyncBN kernels (csrc/syncbn.h) as PyTorch operators and as Python functions. Each op
 // dispatches on the input's device here, so the Python side (src/syncbn/functions.py) never branches
 // on it.
 //
-// Operators: TORCH_LIBRARY registers the five ops under the namespace TORCH_EXTENSION_NAME (the
+// Operators: TORCH_LIBRARY registers the seven ops under the namespace TORCH_EXTENSION_NAME (the
 // variant's cache name, e.g. syncbn_cpu_avx512_<hash>), with schemas that declare the in-place update
 // of the running statistics, for the CPU and CUDA dispatch keys. torch.compile traces them through
 // the fake (meta) implementations in src/syncbn/fake_kernels.py; eager calls reach these C++
@@ -50,6 +50,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
                   num_batches_tracked, momentum, eps, acc_double);
 }
 
+at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift) {
+  SYNCBN_DISPATCH(batch_norm_shift_stats, stats.is_cuda(), stats, shift);
+}
+
+std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums, const at::Tensor& shift,
+                                                            double max_ratio) {
+  SYNCBN_DISPATCH(batch_norm_unshift_stats, sums.is_cuda(), sums, shift, max_ratio);
+}
+
 at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& mean,
                             const at::Tensor& invstd) {
@@ -81,6 +90,8 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_gather_stats(Tensor gathered, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
         "Tensor? num_batches_tracked, float momentum, float eps, bool acc_double) -> (Tensor, Tensor, Tensor)",
         tags);
+  m.def("batch_norm_shift_stats(Tensor stats, Tensor shift) -> Tensor", tags);
+  m.def("batch_norm_unshift_stats(Tensor sums, Tensor shift, float max_ratio) -> (Tensor, Tensor)", tags);
   m.def("batch_norm_elemt(Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor invstd) -> Tensor",
         tags);
   m.def("batch_norm_backward_reduce(Tensor grad_out, Tensor input, Tensor mean, Tensor invstd) -> Tensor",
@@ -95,6 +106,8 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
 #define SYNCBN_IMPL_ALL(m)                                                  \
   m.impl("batch_norm_stats", &syncbn::batch_norm_stats);                     \
   m.impl("batch_norm_gather_stats", &syncbn::batch_norm_gather_stats);       \
+  m.impl("batch_norm_shift_stats", &syncbn::batch_norm_shift_stats);         \
+  m.impl("batch_norm_unshift_stats", &syncbn::batch_norm_unshift_stats);     \
   m.impl("batch_norm_elemt", &syncbn::batch_norm_elemt);                     \
   m.impl("batch_norm_backward_reduce", &syncbn::batch_norm_backward_reduce); \
   m.impl("batch_norm_backward_elemt", &syncbn::batch_norm_backward_elemt)
@@ -113,6 +126,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"),
         py::arg("momentum"), py::arg("eps"), py::arg("acc_double"),
         "Merge gathered [count, mean, M2] rows; returns (mean, invstd, count); updates running stats.");
+  m.def("batch_norm_shift_stats", &syncbn::batch_norm_shift_stats, py::arg("stats"), py::arg("shift"),
+        "This rank's [n, mean, M2] as [n, n*(mean-K), M2 + n*(mean-K)^2] for one all_reduce (float64 [2*C+1]).");
+  m.def("batch_norm_unshift_stats", &syncbn::batch_norm_unshift_stats, py::arg("sums"), py::arg("shift"),
+        py::arg("max_ratio"), "All-reduced shifted sums -> ([n, mean, M2] row, per-channel bool: no cancellation).");
   m.def("batch_norm_elemt", &syncbn::batch_norm_elemt, py::arg("input"), py::arg("weight"),
         py::arg("bias"), py::arg("mean"), py::arg("invstd"),
         "y = (x - mean) * invstd * weight + bias.");

@@ -73,6 +73,19 @@ inline int64_t gathered_rows(const at::Tensor& gathered, const char* op) {
   return (gathered.size(1) - 1) / 2;
 }
 
+// shift_stats' / unshift_stats' packed vector (float64 [2*C+1]) and shift (float64 [C], same device); returns C.
+inline int64_t shifted_sums(const at::Tensor& packed, const at::Tensor& shift, const char* op, const char* name) {
+  TORCH_CHECK(packed.defined() && packed.scalar_type() == at::kDouble && packed.dim() == 1 && packed.numel() % 2 == 1,
+              op, ": ", name, " must be a float64 1-D tensor of 2*C+1 values, got ",
+              packed.defined() ? c10::toString(packed.scalar_type()) : "undefined", " ",
+              packed.defined() ? packed.sizes() : at::IntArrayRef{});
+  const int64_t C = (packed.numel() - 1) / 2;
+  TORCH_CHECK(shift.defined() && shift.scalar_type() == at::kDouble, op, ": shift must be float64, got ",
+              shift.defined() ? c10::toString(shift.scalar_type()) : "undefined");
+  vector(shift, C, packed.device(), op, "shift", "one per channel");
+  return C;
+}
+
 // gather_stats' running statistics (updated in place: contiguous, one dtype) and, for momentum < 0
 // (cumulative average), num_batches_tracked.
 inline void running_stats(const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,

@@ -1,4 +1,4 @@
-// The five SyncBN kernel ops, declared once for the three places that define them: syncbn:: (the
+// The seven SyncBN kernel ops, declared once for the three places that define them: syncbn:: (the
 // device dispatchers in csrc/bindings.cpp), syncbn::cpu (csrc/cpu/) and syncbn::cuda (csrc/cuda/).
 //
 // Only ATen's core Tensor header is included: <torch/extension.h> (pybind11 and the whole C++
@@ -26,6 +26,15 @@
 //   f = momentum if momentum >= 0, else 1 / num_batches_tracked (cumulative average; the 0-d int64
 //   tensor num_batches_tracked is read on the device and has already been incremented).
 // If count == 0: mean = 0, invstd = 0, running stats untouched.
+// batch_norm_shift_stats: the forward's exchange as sums, so one all_reduce (2*C+1 values, whatever the world size)
+// replaces the all_gather of every rank's row. `stats` is batch_norm_stats' [n, mean, M2]; `shift` (float64 [C]) a
+// per-channel value K that every rank of the group holds identically. Returns float64 [2*C+1] =
+// [n, n*(mean_c - K_c), M2_c + n*(mean_c - K_c)^2]; an empty rank gives exact zeros whatever K holds.
+// batch_norm_unshift_stats: the all-reduced sums [n, S1, S2] back to one row [n, mean, M2] (mean = K + S1/n,
+// M2 = S2 - S1^2/n, clamped at 0), which batch_norm_gather_stats merges like a gathered one, and per channel whether
+// that M2 is free of cancellation: bool [C], exact_c = (S2_c <= max_ratio * M2_c and everything finite). M2 loses
+// about log2(S2/M2) bits to the subtraction, so the caller picks max_ratio from the precision it needs. n == 0:
+// zeros, exact; n < 0 or NaN: not exact.
 // batch_norm_elemt: y = (x - mean) * invstd * weight + bias; weight/bias optional (affine=False) and may have a dtype
 // other than input (e.g. fp32 parameters with bf16 activations). One read of x, one write of y.
 // batch_norm_backward_reduce: local reductions for the backward in one read of x and dy (dy has input's layout), packed for a
@@ -40,6 +49,9 @@
       const std::optional<at::Tensor>& running_var,                                                      \
       const std::optional<at::Tensor>& num_batches_tracked, double momentum, double eps,                 \
       bool acc_double);                                                                                  \
+  at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift);                   \
+  std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums,                    \
+                                                              const at::Tensor& shift, double max_ratio); \
   at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,          \
                               const std::optional<at::Tensor>& bias, const at::Tensor& mean,             \
                               const at::Tensor& invstd);                                                 \

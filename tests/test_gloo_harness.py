@@ -66,7 +66,7 @@ def test_a_reused_worker_starts_each_task_fresh() -> None:
         assert s["stats_group"] is None and not s["cached_rank_group"]
         assert s["seed"] == first[rank][1] != 1234  # the seed this worker started with
         assert (s["threads"], s["dtype"], s["grad"], s["env"]) == (1, torch.float32, True, None)
-        assert s["counts"] == {"all_gather": 0, "all_reduce": 0}
+        assert s["counts"] == {"all_gather": 0, "all_reduce": 0, "received": 0}
         assert s["local_rank"] == str(rank)
 
 

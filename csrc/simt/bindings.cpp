@@ -1,4 +1,4 @@
-// Python module of the emulated build: the five syncbn::cuda ops (csrc/cuda/, compiled by the host
+// Python module of the emulated build: the seven syncbn::cuda ops (csrc/cuda/, compiled by the host
 // compiler against the SIMT emulation) with the same Python signatures as the real extension's, taking
 // CPU tensors (host memory plays device memory); the emulated device's properties; the launch log and
 // counters; and the probe kernels that test the emulator itself (csrc/simt/probes.cu).
@@ -37,6 +37,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
                                          {"num_batches_tracked", opt(num_batches_tracked)}});
   return syncbn::cuda::batch_norm_gather_stats(gathered, running_mean, running_var, num_batches_tracked, momentum,
                                                eps, acc_double);
+}
+
+at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift) {
+  syncbn::simt::DeviceMemoryScope scope("batch_norm_shift_stats", {{"stats", &stats}, {"shift", &shift}});
+  return syncbn::cuda::batch_norm_shift_stats(stats, shift);
+}
+
+std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums, const at::Tensor& shift,
+                                                            double max_ratio) {
+  syncbn::simt::DeviceMemoryScope scope("batch_norm_unshift_stats", {{"sums", &sums}, {"shift", &shift}});
+  return syncbn::cuda::batch_norm_unshift_stats(sums, shift, max_ratio);
 }
 
 at::Tensor batch_norm_elemt(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias,
@@ -83,6 +94,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("momentum"), py::arg("eps"),
         py::arg("acc_double"),
         "Merge gathered [count, mean, M2] rows; returns (mean, invstd, count); updates running stats.");
+  m.def("batch_norm_shift_stats", &batch_norm_shift_stats, py::arg("stats"), py::arg("shift"),
+        "This rank's [n, mean, M2] as [n, n*(mean-K), M2 + n*(mean-K)^2] for one all_reduce (float64 [2*C+1]).");
+  m.def("batch_norm_unshift_stats", &batch_norm_unshift_stats, py::arg("sums"), py::arg("shift"),
+        py::arg("max_ratio"), "All-reduced shifted sums -> ([n, mean, M2] row, per-channel bool: no cancellation).");
   m.def("batch_norm_elemt", &batch_norm_elemt, py::arg("input"), py::arg("weight"), py::arg("bias"),
         py::arg("mean"), py::arg("invstd"), "y = (x - mean) * invstd * weight + bias.");
   m.def("batch_norm_backward_reduce", &batch_norm_backward_reduce, py::arg("grad_out"), py::arg("input"),

@@ -1,4 +1,8 @@
-"""The two collectives of SyncBN: one all_gather of packed statistics, one all_reduce of packed grads.
+"""SyncBN's collectives: one all_reduce of shifted statistics per forward, one all_reduce of grads per backward.
+
+The forward's exchange is a sum (functions.py explains the shift that makes it exact), so each rank sends and
+receives 2C+1 values per layer whatever the world size; when the sums would lose precision the forward
+falls back, for that layer and step, to an all_gather of every rank's [count, mean, M2] row.
 
 Both are functional collectives (`torch.ops._c10d_functional`): they take the process group by
 *name* and return a new tensor, so torch.compile traces them into the graph (Inductor then schedules
@@ -7,9 +11,9 @@ the traced code: `resolve_group` turns the layer's group into (name, size) first
 
 Nothing here sets a timeout: every collective inherits the timeout of its process group
 (`init_process_group(timeout=...)`), so a rank that never arrives fails the others instead of hanging.
-`call_counts` records how many collectives this process issued in eager mode; the tests use it to prove
-"exactly one per forward, one per backward, none in eval" (incrementing a dict is negligible next to a
-collective). Compiled code does not touch it (a Python side effect in a graph would be replayed as a
+`call_counts` records how many collectives this process issued in eager mode, and how many values it
+received from them; the tests use it to prove "exactly one per forward, one per backward, none in eval" and
+the payload (incrementing a dict is negligible next to a collective). Compiled code does not touch it (a Python side effect in a graph would be replayed as a
 constant and guarded on); the compile tests count the collective ops in the compiled graphs instead.
 """
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-call_counts: dict[str, int] = {"all_gather": 0, "all_reduce": 0}
+call_counts: dict[str, int] = {"all_gather": 0, "all_reduce": 0, "received": 0}
 
 _c10d = torch.ops._c10d_functional
 
@@ -59,10 +63,19 @@ def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None
     return group.group_name, size
 
 
+def all_reduce_stats(packed: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The group sum of the forward's packed [2C+1] shifted statistics, as a new tensor (one collective)."""
+    if not torch.compiler.is_compiling():
+        call_counts["all_reduce"] += 1
+        call_counts["received"] += packed.numel()
+    return _c10d.wait_tensor(_c10d.all_reduce(packed, "sum", group_name))
+
+
 def all_gather_stats(local: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
     """Gather every rank's packed [2C+1] statistics into one [W, 2C+1] tensor (one collective)."""
     if not torch.compiler.is_compiling():
         call_counts["all_gather"] += 1
+        call_counts["received"] += world_size * local.numel()
     # Gathered flat along dim 0 (what gloo and NCCL both take), then viewed as [W, 2C+1]: no copy.
     flat = _c10d.all_gather_into_tensor(local.contiguous(), world_size, group_name)
     return _c10d.wait_tensor(flat).view(world_size, local.numel())
@@ -72,4 +85,5 @@ def all_reduce_grads(packed: torch.Tensor, group_name: str) -> torch.Tensor:
     """The group sum of the packed [2C] backward reductions, as a new tensor (one collective)."""
     if not torch.compiler.is_compiling():
         call_counts["all_reduce"] += 1
+        call_counts["received"] += packed.numel()
     return _c10d.wait_tensor(_c10d.all_reduce(packed, "sum", group_name))

@@ -1,4 +1,4 @@
-"""Fake (meta) implementations of the five SyncBN kernel ops, so torch.compile can trace them.
+"""Fake (meta) implementations of the seven SyncBN kernel ops, so torch.compile can trace them.
 
 The C++ side (csrc/bindings.cpp) registers the ops under a per-variant namespace with their schemas
 and CPU/CUDA kernels; these functions tell FakeTensor what each op returns (shape, dtype, device,
@@ -14,6 +14,8 @@ import torch
 OP_NAMES = (
     "batch_norm_stats",
     "batch_norm_gather_stats",
+    "batch_norm_shift_stats",
+    "batch_norm_unshift_stats",
     "batch_norm_elemt",
     "batch_norm_backward_reduce",
     "batch_norm_backward_elemt",
@@ -49,6 +51,15 @@ def _gather_stats(
     return mean, invstd, count
 
 
+def _shift_stats(stats: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    return stats.new_empty((stats.numel(),), dtype=torch.float64)
+
+
+def _unshift_stats(sums: torch.Tensor, shift: torch.Tensor, max_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    channels = (sums.numel() - 1) // 2
+    return sums.new_empty((sums.numel(),), dtype=torch.float64), sums.new_empty((channels,), dtype=torch.bool)
+
+
 def _elemt(
     input: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -81,6 +92,8 @@ def _backward_elemt(
 _FAKES = {
     "batch_norm_stats": _stats,
     "batch_norm_gather_stats": _gather_stats,
+    "batch_norm_shift_stats": _shift_stats,
+    "batch_norm_unshift_stats": _unshift_stats,
     "batch_norm_elemt": _elemt,
     "batch_norm_backward_reduce": _backward_reduce,
     "batch_norm_backward_elemt": _backward_elemt,

@@ -1,18 +1,27 @@
-"""The SyncBN autograd Function: the maths of docs/syncbn.md and its two collectives (one forward, one backward).
+"""The SyncBN autograd Function: the maths of docs/syncbn.md and its collectives (one forward, one backward).
 
-Forward (training): local Welford stats -> one all_gather of packed [n, mean, M2] -> Chan merge on the
-device (running stats updated there) -> normalise. Backward: local [sum dy, sum dy*xhat] -> one
-all_reduce -> dx. The kernels (csrc/syncbn.h) never branch on the device; neither does this file.
+Forward (training): local Welford stats [n, mean, M2] -> shifted by K, a per-channel value every rank of
+the group holds identically (the layer's last synchronised batch mean) -> one all_reduce of
+[n, sum n_r (mean_r - K), sum M2_r + n_r (mean_r - K)^2] -> unshifted (mean = K + S1/n, M2 = S2 - S1^2/n)
+-> merged on the device (running stats updated there) -> normalise. Each rank receives 2C+1 values per
+layer, whatever the world size. Where S2 - S1^2/n would cancel beyond what the result's precision allows
+(K far from this batch's mean: a layer's first steps, extreme inputs), every rank sees it in the same
+reduced values and the layer falls back, for that step, to an all_gather of the ranks' [n, mean, M2] rows
+(exact for any data). Backward: local [sum dy, sum dy*xhat] -> one all_reduce -> dx. The kernels
+(csrc/syncbn.h) never branch on the device; neither does this file.
 
 torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
 implementations (fake_kernels.py), the two elementwise ones replaced while tracing by their aten form
 (fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives are
-functional collectives on a group name; and nothing here reads a device value on the host except when
-this rank holds at most one value per channel (then the global count decides whether F.batch_norm's
-"more than 1 value" error applies; that check is an operator too, so it stays in the graph).
+functional collectives on a group name; the exact-or-gather decision is one operator
+(`synctrain::merge_exchanged_stats`). Host reads: that decision (one bool per layer and training forward
+on more than one rank), and, on a rank holding at most one value per channel, the global count (then
+F.batch_norm's "more than 1 value" error applies).
 """
 from __future__ import annotations
 
+import logging
+import math
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -28,7 +37,7 @@ from .recompute import ForwardStatistics
 
 @dataclass(frozen=True)
 class KernelOps:
-    """The five kernel ops as callables, and where they come from.
+    """The seven kernel ops as callables, and where they come from.
 
     `traceable`: they are dispatcher operators (torch.ops.<namespace>) with fake implementations, so
     torch.compile can trace them; otherwise they are plain Python-bound functions (eager only).
@@ -36,6 +45,8 @@ class KernelOps:
 
     batch_norm_stats: Callable[..., Any]
     batch_norm_gather_stats: Callable[..., Any]
+    batch_norm_shift_stats: Callable[..., Any]
+    batch_norm_unshift_stats: Callable[..., Any]
     batch_norm_elemt: Callable[..., Any]
     batch_norm_backward_reduce: Callable[..., Any]
     batch_norm_backward_elemt: Callable[..., Any]
@@ -184,6 +195,83 @@ def _check_more_than_one_value(
     return _require_more_than_one_value(gathered, list(x.shape))
 
 
+log = logging.getLogger(__name__)
+
+# The all_reduce path keeps this many of float64's 53 bits of M2 = S2 - S1^2/n: it loses about log2(S2/M2)
+# to the subtraction and up to log2(W + 2) to rounding in the W-term sums and the unshift. 28 = float32's 24 and a
+# margin, for the float32 statistics of float32/float16/bfloat16 inputs; 44 for float64 inputs, whose
+# statistics are float64 (a relative error below 6e-14, next to the ~1e-16 x log(n) of the local Welford pass).
+KEPT_BITS = {False: 28, True: 44}
+
+
+def max_cancellation_ratio(world_size: int, acc_double: bool) -> float:
+    """Largest S2 / M2 per channel for which the all_reduced shifted sums are as exact as the gather."""
+    return 2.0 ** (53 - KEPT_BITS[acc_double]) / (world_size + 2)
+
+
+fallback_count = 0  # forwards of this process that fell back to the all_gather (logged at 1, 10, 100, ...)
+
+
+def _note_fallback(channels: int, world_size: int) -> None:
+    global fallback_count
+    fallback_count += 1
+    if fallback_count in (1, 10, 100, 1000) or fallback_count % 10000 == 0:
+        log.info("SyncBN: the shifted-sums all_reduce would have lost precision, so a layer's statistics were "
+                 "all_gathered instead (%d time(s) in this process so far; last: %d channels, %d ranks). Expected "
+                 "in a layer's first training steps, when its batch mean is far from the last one.",
+                 fallback_count, channels, world_size)
+
+
+def _merge_exchanged(
+    row: torch.Tensor,
+    exact: torch.Tensor,
+    local: torch.Tensor,
+    shift: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    acc_double: bool,
+    group_name: str,
+    world_size: int,
+    input_shape: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, invstd, count) from the unshifted all_reduce `row`, or, where `exact` is false anywhere, from an
+    all_gather of every rank's `local` row; running stats updated; `shift` set to the new global mean.
+
+    Every rank computes `exact` from the same reduced values, so all of them take the same branch.
+    """
+    ops = kernel_ops()
+    if bool(exact.all()):  # the one host read of the exchange
+        rows = row.view(1, -1)
+    else:
+        rows = collectives.all_gather_stats(local, group_name, world_size)
+        _note_fallback(local.numel() // 2, world_size)
+    if input_shape[0] * math.prod(input_shape[2:]) <= 1:  # this rank holds <= 1 value per channel
+        _require_more_than_one_value(rows, input_shape)
+    mean, invstd, count = ops.batch_norm_gather_stats(
+        rows, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double)
+    shift.copy_(mean)
+    return mean, invstd, count
+
+
+# The decision as one operator, so a compiled graph keeps it (and the fallback's collective) without a break.
+# cudagraph_unsafe: it reads a device value on the host, which a CUDA graph cannot capture.
+_merge_exchanged_op = torch.library.custom_op(
+    "synctrain::merge_exchanged_stats", mutates_args=("shift", "running_mean", "running_var"),
+    tags=(torch.Tag.cudagraph_unsafe,),
+)(_merge_exchanged)
+
+
+@_merge_exchanged_op.register_fake
+def _(row, exact, local, shift, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
+      group_name, world_size, input_shape):  # type: ignore[no-untyped-def]
+    channels = exact.shape[0]
+    acc = torch.float64 if acc_double else torch.float32
+    return row.new_empty((channels,), dtype=acc), row.new_empty((channels,), dtype=acc), row.new_empty((), dtype=torch.float64)
+
+
 def _global_statistics(
     ops: KernelOps,
     x: torch.Tensor,
@@ -194,17 +282,30 @@ def _global_statistics(
     eps: float,
     group_name: str,
     world_size: int,
+    shift: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean, invstd, count) over the group: local Welford stats, one all_gather, Chan merge (running stats updated)."""
+    """(mean, invstd, count) over the group, running stats updated.
+
+    With `shift` (float64-convertible [C], identical on every rank of the group; set here to the new mean):
+    one all_reduce of shifted sums, or the gather where they would cancel. Without: one all_gather.
+    """
     local_count = x.numel() // x.shape[1]
     local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
+    acc_double = x.dtype == torch.float64
+    if world_size > 1 and shift is not None:
+        k = shift.to(torch.float64)  # the buffer itself when it is float64 (a model.half() makes it half)
+        reduced = collectives.all_reduce_stats(ops.batch_norm_shift_stats(local, k), group_name)
+        row, exact = ops.batch_norm_unshift_stats(reduced, k, max_cancellation_ratio(world_size, acc_double))
+        merge = _merge_exchanged_op if torch.compiler.is_compiling() else _merge_exchanged
+        return merge(row, exact, local, shift, running_mean, running_var, num_batches_tracked, momentum, eps,
+                     acc_double, group_name, world_size, list(x.shape))
     if world_size > 1:
         gathered = collectives.all_gather_stats(local, group_name, world_size)
     else:
         gathered = local.view(1, -1)
     gathered = _check_more_than_one_value(x, local_count, gathered)
     return ops.batch_norm_gather_stats(
-        gathered, running_mean, running_var, num_batches_tracked, momentum, eps, x.dtype == torch.float64,
+        gathered, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
     )
 
 
@@ -226,6 +327,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         world_size: int,
         record: Optional[ForwardStatistics] = None,
         replay: Optional[ForwardStatistics] = None,
+        shift: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         ops = kernel_ops()
         fmt = kernel_memory_format(input)
@@ -237,7 +339,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             mean, invstd, count = replay.stats()
         else:
             mean, invstd, count = _global_statistics(
-                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size)
+                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size, shift)
             if record is not None:
                 record.mean, record.invstd, record.count = mean, invstd, count
                 ctx.record = record  # the autograd node owns it: it lives exactly as long as the graph
@@ -284,7 +386,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 grad_input = fusable.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
             else:
                 grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
 
 
 def sync_batch_norm(
@@ -300,13 +402,16 @@ def sync_batch_norm(
     world_size: int,
     record: Optional[ForwardStatistics] = None,
     replay: Optional[ForwardStatistics] = None,
+    shift: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked).
 
     `record` receives this forward's global statistics; `replay` supplies a first forward's instead of
     computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
+    `shift`: a per-channel tensor identical on every rank of the group (the layer's `sync_shift`), which selects
+    the all_reduce exchange and receives the new global mean; None = the all_gather exchange.
     """
     return SyncBatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
-        world_size, record, replay,
+        world_size, record, replay, shift,
     )

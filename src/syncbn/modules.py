@@ -58,6 +58,12 @@ class SyncBatchNorm(_BatchNorm):
             num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, bias=bias
         )
         self.process_group = process_group
+        # K of the forward's shifted-sums exchange (functions.py): the last batch mean this layer's group agreed on,
+        # set only from collective results, so identical on every rank of the group by construction (the running
+        # mean is not: sync_every / sync_until_step update it from per-rank batches). A plain tensor, not a buffer:
+        # buffers and state_dict stay exactly nn.BatchNorm's; _apply moves it. Whatever changes the layer's group
+        # (configure_sync, convert_sync_batchnorm with a group) zeroes it: zeros are identical everywhere.
+        self.sync_shift = torch.zeros(num_features, dtype=torch.float64, device=device)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -117,9 +123,10 @@ class SyncBatchNorm(_BatchNorm):
             momentum = -1.0 if num_batches_tracked is not None else 0.0
         # A replay communicates nothing, and must not advance sync_every's forward counter.
         group_name, world_size = ("", 1) if replay is not None else self._sync_group()
+        shift = self.sync_shift if world_size > 1 else None
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
-            momentum, float(self.eps), group_name, world_size, record, replay,
+            momentum, float(self.eps), group_name, world_size, record, replay, shift,
         )
 
     def _sync_group(self) -> tuple[str, int]:
@@ -139,6 +146,20 @@ class SyncBatchNorm(_BatchNorm):
             if index % self.sync_every:
                 return "", 1
         return resolve_group(self.process_group, self.group_size)
+
+    def reset_sync_shift(self) -> None:
+        """Zero K (see __init__): needed when the layer's group changes, so that every rank of the new group holds
+        the same K. configure_sync and convert_sync_batchnorm call it; call it yourself (on every rank) after
+        re-creating process groups with different members in the same process."""
+        with torch.no_grad():
+            self.sync_shift.zero_()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "SyncBatchNorm":
+        super()._apply(fn, recurse)
+        shift = getattr(self, "sync_shift", None)  # absent while a subclass's __init__ is still running
+        if shift is not None:
+            self.sync_shift = fn(shift)  # .to(device) / .cuda() / .half() / to_empty(): as a buffer would be
+        return self
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         self._forwards = None  # re-read from the loaded num_batches_tracked at the next training forward

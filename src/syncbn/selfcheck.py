@@ -2,11 +2,11 @@
 
 The CUDA kernels (csrc/cuda/) are tested in every `make test` under a CPU emulation, but a GPU can still
 differ (a race, the memory model, a compiler or driver bug on that architecture). So before a process
-first trains with them on a GPU, `ensure_cuda_kernels_checked` runs each of the five ops on a few small
+first trains with them on a GPU, `ensure_cuda_kernels_checked` runs each of the seven ops on a few small
 cases (selfcheck_cases.py: both layouts, fp32/fp16/bf16/fp64, vector tails, an empty rank, a plane split)
 and compares them with PyTorch's own CUDA SyncBN kernels on the same device (`torch.batch_norm_stats`,
-`_gather_stats_with_counts`, `_elemt`, `_backward_reduce`, `_backward_elemt`) and with a float64
-reference. A pass is remembered on disk (selfcheck.json in the extension cache directory) per GPU name,
+`_gather_stats_with_counts`, `_elemt`, `_backward_reduce`, `_backward_elemt`; the shifted-sums exchange
+has no PyTorch counterpart) and with a float64 reference. A pass is remembered on disk (selfcheck.json in the extension cache directory) per GPU name,
 compute capability, CUDA runtime, driver and build, so later runs skip it; a cache that cannot be written
 only costs a warning. A PyTorch kernel that raises is recorded as "reference unavailable" and the float64
 reference decides. In a process group every rank's verdict is reduced (one all_reduce) before any rank
@@ -143,6 +143,17 @@ class _Checker:
             for what, a, e in (("mean", mean, t_mean), ("invstd", invstd, t_invstd), ("running_mean", rm, t_rm),
                                ("running_var", rv, t_rv)):
                 self.check(op, name, dtype, what, a, e, red_tol, "torch.batch_norm_gather_stats_with_counts")
+        # 2b. the all_reduce exchange: shifted sums per rank, their sum, unshifted to the merged row
+        shift = (r_mean + 0.25).to(self.device)  # K a quarter unit from the mean, as a later training step has it
+        sums = [ops.batch_norm_shift_stats(st, shift) for st in stats]
+        for st, sm in zip(stats, sums):
+            self.check("batch_norm_shift_stats", name, dtype, "[n, S1, S2]", sm, sc.ref_shift(st, shift), red_tol, f64)
+        row, exact = ops.batch_norm_unshift_stats(torch.stack(sums).sum(0), shift, 1e6)
+        r_n, _, r_m2 = sc.ref_merged(rows)
+        self.check("batch_norm_unshift_stats", name, dtype, "[n, mean, M2]", row, torch.cat([r_n.view(1), r_mean, r_m2]),
+                   red_tol, f64)
+        self.check("batch_norm_unshift_stats", name, dtype, "exact", exact.double(), torch.ones(c, dtype=torch.float64),
+                   0.0, "K near the mean: no cancellation")
         # 3. elemt per rank, 4. backward_reduce per rank and their sum (the all_reduce)
         reduced = torch.zeros(2 * c, dtype=acc, device=self.device)
         for x, dy in zip(xs, dys):

@@ -16,8 +16,8 @@ import torch
 EPS = 1e-5
 MOMENTUM = 0.1
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "batch_norm_backward_reduce",
-       "batch_norm_backward_elemt")
+OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_shift_stats", "batch_norm_unshift_stats",
+       "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 
 # Tolerances, as rtol and as atol relative to the largest |reference| of the output compared:
 # - Reductions (statistics, running stats, backward sums) accumulate in fp32 (fp64 for fp64 input) over at
@@ -133,14 +133,29 @@ def ref_stats(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean, m2])
 
 
-def ref_gather(rows: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor):
-    """(mean, invstd, count, new running_mean, new running_var) of the gathered rows, in float64."""
+def ref_merged(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(count, mean, M2) of the gathered [count, mean, M2] rows merged (Chan), in float64 on the CPU."""
     rows = rows.detach().double().cpu()
     c = (rows.shape[1] - 1) // 2
     counts, means, m2s = rows[:, 0], rows[:, 1:1 + c], rows[:, 1 + c:]
     n = counts.sum()
     mean = (counts[:, None] * means).sum(0) / n
-    m2 = m2s.sum(0) + (counts[:, None] * (means - mean) ** 2).sum(0)
+    return n, mean, m2s.sum(0) + (counts[:, None] * (means - mean) ** 2).sum(0)
+
+
+def ref_shift(stats: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """[n, n (mean - K), M2 + n (mean - K)^2] of one rank's [n, mean, M2], in float64 on the CPU."""
+    stats, shift = stats.detach().double().cpu(), shift.detach().double().cpu()
+    c = shift.numel()
+    n, d = stats[0], stats[1:1 + c] - shift
+    if float(n) == 0:
+        return torch.zeros_like(stats)
+    return torch.cat([stats[:1], n * d, stats[1 + c:] + n * d * d])
+
+
+def ref_gather(rows: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor):
+    """(mean, invstd, count, new running_mean, new running_var) of the gathered rows, in float64."""
+    n, mean, m2 = ref_merged(rows)
     invstd = torch.rsqrt(m2 / n + EPS)
     rm = running_mean.double().cpu() * (1 - MOMENTUM) + MOMENTUM * mean
     rv = running_var.double().cpu() * (1 - MOMENTUM) + MOMENTUM * m2 / (n - 1)

@@ -35,6 +35,7 @@ def configure_sync(module: nn.Module, *, group_size: Optional[int] = None, sync_
         layer.sync_every = sync_every
         layer.sync_until_step = sync_until_step
         layer._forwards = None  # the sync_every phase is re-read from num_batches_tracked
+        layer.reset_sync_shift()  # K was agreed in the old group
     return len(layers)
 
 

@@ -3,7 +3,8 @@
 The parent builds each case (all ranks' data, upstream grads, parameters), the children run our layer
 on their slice (`run_cases`), the parent runs the float64 oracle (`oracle`) and `compare` checks
 forward output, input grad, weight/bias grads, running stats, num_batches_tracked, output layout and
-the number of collectives. Grad convention checked: each rank's weight/bias grads are its local
+the collectives: one all_reduce of 2C+1 values per forward, plus an all_gather exactly on the steps where the
+oracle's own float64 statistics say the shifted sums would cancel (`fallback_expected`). Grad convention checked: each rank's weight/bias grads are its local
 contributions, so their sum over the group equals the oracle's grads for the loss sum(y * g).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives
+from src.syncbn.functions import max_cancellation_ratio
 
 CLASSES = {"1d": SyncBatchNorm1d, "2d": SyncBatchNorm2d, "3d": SyncBatchNorm3d, "generic": SyncBatchNorm}
 ORACLE_BY_DIM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
@@ -157,9 +159,11 @@ def oracle(case: dict, members: list[int]) -> list[dict]:
         if case["bias"] is not None:
             bn.bias.copy_(case["bias"].double())
     out = []
+    shift = torch.zeros(case["C"], dtype=torch.float64)  # the layers' K: the last synchronised batch mean
     for step in case["steps"]:
         xs = [step["x"][m].double() for m in members]
         x = torch.cat(xs).requires_grad_()
+        fallback, shift = fallback_expected(x.detach(), shift, len(members), case["dtype"] == torch.float64)
         y = bn(x)
         y.backward(torch.cat([step["g"][m].double() for m in members]))
         sizes = [t.shape[0] for t in xs]
@@ -170,9 +174,33 @@ def oracle(case: dict, members: list[int]) -> list[dict]:
             "rm": None if bn.running_mean is None else bn.running_mean.clone(),
             "rv": None if bn.running_var is None else bn.running_var.clone(),
             "nbt": None if bn.num_batches_tracked is None else int(bn.num_batches_tracked),
+            "fallback": fallback,
         })
         bn.zero_grad(set_to_none=True)
     return out
+
+
+def collective_calls(counts: dict[str, int]) -> dict[str, int]:
+    """A collectives.call_counts difference without the payload: how many all_gathers and all_reduces."""
+    return {key: counts[key] for key in ("all_gather", "all_reduce")}
+
+
+def fallback_expected(x: torch.Tensor, shift: torch.Tensor, world: int, acc_double: bool) -> tuple[bool, torch.Tensor]:
+    """(whether the layer must fall back to the gather, the next K) for the whole group's batch x, in float64.
+
+    The reduced sums hold S2 = M2 + n (mean - K)^2 per channel, so S2 / M2 = 1 + n (mean - K)^2 / M2. Cases
+    sit far from the limit, so rounding cannot flip the answer (asserted).
+    """
+    flat = x.transpose(0, 1).reshape(x.shape[1], -1)
+    n = flat.shape[1]
+    if n == 0:
+        return False, shift
+    mean = flat.mean(1)
+    m2 = ((flat - mean[:, None]) ** 2).sum(1)
+    ratio = 1 + n * (mean - shift) ** 2 / m2
+    limit = max_cancellation_ratio(world, acc_double)
+    assert bool(((ratio < limit / 4) | (ratio > limit * 4)).all()), f"case too close to the limit: {ratio} vs {limit}"
+    return bool((ratio > limit).any()), mean
 
 
 def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], tol: tuple, what: str) -> None:
@@ -201,9 +229,13 @@ def compare(case: dict, results: list[dict[str, Any]], group_members: list[list[
                 _close(got["rv"], exp["rv"], stol, f"{where} running_var")
                 assert got["nbt"] == exp["nbt"], f"{where}: num_batches_tracked {got['nbt']} != {exp['nbt']}"
                 assert got["y_fmt_kept"] and got["dx_fmt_kept"], f"{where}: memory format not kept"
-                sync = len(members) > 1
-                assert got["fwd_calls"] == {"all_gather": int(sync), "all_reduce": 0}, f"{where}: {got['fwd_calls']}"
-                assert got["bwd_calls"] == {"all_gather": 0, "all_reduce": int(sync)}, f"{where}: {got['bwd_calls']}"
+                sync, world, row = len(members) > 1, len(members), 2 * case["C"] + 1
+                gather = sync and exp["fallback"]
+                fwd = {"all_gather": int(gather), "all_reduce": int(sync),
+                       "received": row * int(sync) + world * row * int(gather)}
+                assert got["fwd_calls"] == fwd, f"{where}: {got['fwd_calls']} != {fwd}"
+                bwd = {"all_gather": 0, "all_reduce": int(sync), "received": 2 * case["C"] * int(sync)}
+                assert got["bwd_calls"] == bwd, f"{where}: {got['bwd_calls']} != {bwd}"
             for key in ("dw", "db"):
                 if exp[key] is None:
                     assert all(g[key] is None for g in per_rank), f"{case['name']}: unexpected {key}"

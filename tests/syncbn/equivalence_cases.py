@@ -32,8 +32,9 @@ CASES = {
     "channels_last_3d": ("3d", 4, [2, 1, 2], (2, 3, 4), {"fmt": "channels_last_3d"}),
     "strided_input": ("2d", 3, [2, 3, 1], (4, 4), {"fmt": "strided"}),
     "float64": ("2d", 3, [3, 2, 4], (4, 5), {"dtype": torch.float64, "steps": 2}),
-    "float64_large_mean": ("2d", 3, [3, 2, 4], (4, 5), {"dtype": torch.float64, "loc": 1e4}),
-    "float32_large_mean": ("2d", 3, [4, 4, 4], (6, 6), {"loc": 1e4}),
+    # Step 0 falls back to the gather (K = 0 is 1e4 std from the mean); step 1 sums around K = step 0's mean.
+    "float64_large_mean": ("2d", 3, [3, 2, 4], (4, 5), {"dtype": torch.float64, "loc": 1e4, "steps": 2}),
+    "float32_large_mean": ("2d", 3, [4, 4, 4], (6, 6), {"loc": 1e4, "steps": 2}),
     "bfloat16": ("2d", 4, [2, 3, 1], (5, 5), {"dtype": torch.bfloat16, "steps": 2}),
     "float16": ("2d", 4, [2, 3, 1], (5, 5), {"dtype": torch.float16}),
     "bfloat16_channels_last": ("2d", 4, [2, 3, 1], (5, 5), {"dtype": torch.bfloat16, "fmt": "channels_last"}),

@@ -63,7 +63,7 @@ def test_eval_on_one_rank_and_group_wide_error(device: str) -> None:
     payload = {"device": device, "eval_case": eval_case, "after_error_case": after_case,
                "eval_x": torch.randn(4, 3, 4, 4)}
     results = run_on_ranks(2, run_protocol, payload, timeout_s=TIMEOUT_S)
-    assert results[0]["eval_calls"] == {"all_gather": 0, "all_reduce": 0}
+    assert results[0]["eval_calls"] == {"all_gather": 0, "all_reduce": 0, "received": 0}
     assert results[0]["eval_matches"]
     compare(eval_case, results, [[0, 1]])  # both training steps exact: no stray collective in between
     for r in range(2):

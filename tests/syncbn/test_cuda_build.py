@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from src.syncbn.fake_kernels import OP_NAMES
 from src.syncbn import toolkit
 from src.syncbn.extension import extensions_dir
 
@@ -35,8 +36,7 @@ pytestmark = [
     pytest.mark.skipif(TOOLKIT is None, reason="no CUDA toolkit found (set CUDA_HOME); nothing to compile with"),
 ]
 
-OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "batch_norm_backward_reduce",
-       "batch_norm_backward_elemt")
+OPS = OP_NAMES
 
 # Builds the CUDA variant in a child process with the very call `python -m src.syncbn.build --cuda` makes
 # for it (extension.build on make_spec(with_cuda=True), not imported: no GPU here). The CLI would also

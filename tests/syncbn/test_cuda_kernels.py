@@ -221,6 +221,45 @@ def test_gather_stats_skips_empty_rows_and_all_empty(kb):
     assert (rm == 1).all() and (rv == 1).all()
 
 
+@pytest.mark.parametrize("channels", [3, 129])
+def test_shift_and_unshift_stats(kb, cpu_ops, channels):
+    """The forward's all_reduce exchange: shifted sums of 3 ranks (one empty) summed as the all_reduce would,
+    unshifted to the whole batch's [n, mean, M2] where K is near the mean, flagged where it is not; CUDA == CPU."""
+    kb.use(H100)
+    dev = kb.device
+    x = make((7, channels, 5), "contiguous", torch.float64, dev, loc=3.0)
+    parts = [x[:3], x[3:3], x[3:]]  # the middle rank is empty
+    stats = [kb.ops.batch_norm_stats(p) for p in parts]
+    flat = x.transpose(0, 1).reshape(channels, -1).cpu()
+    mean, m2 = flat.mean(1), ((flat - flat.mean(1, keepdim=True)) ** 2).sum(1)
+    near = (mean + 0.5).to(dev)  # half a unit from the mean: no cancellation
+    far = near.clone()
+    far[0] = 1e12  # 1e12 std away: S2 / M2 ~ 1e25, far past any ratio the forward accepts
+    for shift, exact_first in ((near, True), (far, False)):
+        sums = [kb.ops.batch_norm_shift_stats(st, shift) for st in stats]
+        cpu_sums = [cpu_ops.batch_norm_shift_stats(st.cpu(), shift.cpu()) for st in stats]
+        for a, b in zip(sums, cpu_sums):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-15, atol=0)
+        assert not sums[1].any()  # an empty rank adds exact zeros
+        total = sums[0] + sums[1] + sums[2]
+        row, exact = kb.ops.batch_norm_unshift_stats(total, shift, 1e8)
+        c_row, c_exact = cpu_ops.batch_norm_unshift_stats(total.cpu(), shift.cpu(), 1e8)
+        assert exact.cpu().tolist() == c_exact.tolist() == [exact_first] + [True] * (channels - 1)
+        keep = torch.cat([torch.tensor([True]), c_exact, c_exact])  # a flagged channel's M2 is cancellation noise
+        torch.testing.assert_close(row.cpu()[keep], c_row[keep], rtol=1e-15, atol=0)
+        assert float(row[0]) == x.shape[0] * 5
+        ok = slice(1, channels)  # channels with K near the mean: the whole batch's statistics
+        torch.testing.assert_close(row[1:1 + channels].cpu()[ok], mean[ok], rtol=1e-14, atol=0)
+        torch.testing.assert_close(row[1 + channels:].cpu()[ok], m2[ok], rtol=1e-13, atol=0)
+    # An all-empty group is exact (zeros); a NaN or negative count is not (the gather then decides).
+    for n, want in ((0.0, True), (float("nan"), False), (-1.0, False)):
+        sums = torch.zeros(2 * channels + 1, dtype=torch.float64, device=dev)
+        sums[0] = n
+        row, exact = kb.ops.batch_norm_unshift_stats(sums, near, 1e8)
+        assert exact.cpu().tolist() == [want] * channels
+        assert not row[1:].any()
+
+
 @pytest.mark.parametrize("dtype,mode", AFFINE)
 @pytest.mark.parametrize("shape,layout,device,why", CASES, ids=CASE_IDS)
 def test_elemt(kb, cpu_ops, inputs, shape, layout, device, why, dtype, mode):

@@ -54,8 +54,17 @@ def test_opcheck(ops: functions.KernelOps, case: str) -> None:
     rm, rv, nbt = torch.zeros(c, dtype=w.dtype), torch.ones(c, dtype=w.dtype), torch.tensor(3)
     mean, invstd, count = ops.batch_norm_gather_stats(gathered, None, None, None, 0.1, 1e-5, acc_double)
     reduced = ops.batch_norm_backward_reduce(dy, x, mean, invstd)
+    shift = torch.randn(c, dtype=torch.float64)
+    sums = ops.batch_norm_shift_stats(local, shift)
+    row, exact = ops.batch_norm_unshift_stats(sums, shift, 1e6)
+    assert bool(exact.all())  # one rank's sums around K ~ N(0, 1): far from cancelling
     checks = [
         (ops.batch_norm_stats, (x,)),
+        (ops.batch_norm_shift_stats, (local, shift)),
+        (ops.batch_norm_unshift_stats, (sums, shift, 1e6)),
+        # The exact branch (the gather's needs a process group): merges the row, updates running stats and K.
+        (functions._merge_exchanged_op, (row, exact, local, shift.clone(), rm, rv, nbt, 0.1, 1e-5, acc_double, "", 2,
+                                         list(shape))),
         (ops.batch_norm_gather_stats, (gathered, rm, rv, nbt, 0.1, 1e-5, acc_double)),
         (ops.batch_norm_gather_stats, (gathered, rm, rv, nbt, -1.0, 1e-5, acc_double)),  # cumulative average
         (ops.batch_norm_gather_stats, (gathered, None, None, None, 0.1, 1e-5, acc_double)),
@@ -84,7 +93,7 @@ def test_only_the_running_statistics_are_declared_mutable(ops: functions.KernelO
         for name in OP_NAMES
     }
     assert written == {"batch_norm_stats": [], "batch_norm_gather_stats": ["running_mean", "running_var"],
-                       "batch_norm_elemt": [], "batch_norm_backward_reduce": [], "batch_norm_backward_elemt": []}
+                       "batch_norm_shift_stats": [], "batch_norm_unshift_stats": [], "batch_norm_elemt": [], "batch_norm_backward_reduce": [], "batch_norm_backward_elemt": []}
 
 
 def test_ops_live_in_the_loaded_variants_namespace(ops: functions.KernelOps) -> None:
