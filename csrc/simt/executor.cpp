@@ -361,7 +361,9 @@ const WarpOp& Executor::warp_op(WarpOpKind kind, unsigned mask, uint64_t value, 
   op->values[t.lane] = value;
   op->arrived |= bit;
   if (op->arrived == mask) {
-    if (detect_) clocks_.join(t.warp, mask);  // the participating lanes are ordered from here on
+    // A __syncwarp orders the participating lanes' memory accesses from here on; a shuffle only moves
+    // values (CUDA gives it no memory ordering), so it joins no clocks.
+    if (detect_ && kind == WarpOpKind::kSyncwarp) clocks_.join(t.warp, mask);
     op->done = true;
     op->readers = std::popcount(mask);
     w.pending.erase(std::find(w.pending.begin(), w.pending.end(), op));
@@ -545,7 +547,7 @@ SYNCBN_SIMT_UNINSTRUMENTED void Executor::shared_access(race::SharedShadow& shad
   }
   s << ": " << who_else(c.thread) << " " << (c.wrote ? "wrote" : "read") << " it, then this thread "
     << (write ? "wrote" : "read") << " it, with no __syncthreads() between them"
-    << (c.thread / 32 == t.tid / 32 ? " and no warp operation (__syncwarp, shuffle) of both lanes"
+    << (c.thread / 32 == t.tid / 32 ? " and no __syncwarp() of both lanes (a shuffle orders no memory)"
                                     : " (threads of different warps are ordered by __syncthreads() only)");
   fault(s.str());
 }

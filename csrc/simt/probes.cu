@@ -119,6 +119,27 @@ __global__ void race_syncwarp_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
   }
 }
 
+// Like race_syncwarp_kernel, but the buggy form puts a shuffle (lane 0's count broadcast to the warp)
+// where the __syncwarp belongs. A shuffle exchanges registers and orders no memory (only __syncwarp and
+// __syncthreads do, as compute-sanitizer's racecheck holds too), so the other lanes' stores are not
+// ordered before lane 0's reads. The emulator runs a shuffle as a rendezvous of its lanes, so the sum
+// comes out right in every order: only the race detector sees this bug.
+__global__ void race_shuffle_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
+  __shared__ int64_t slots[32];
+  const int lane = int(threadIdx.x);
+  slots[lane] = 100 + lane;
+  int count = 32;
+  if (fixed)
+    __syncwarp();
+  else
+    count = __shfl_sync(0xffffffffu, count, 0);
+  if (lane == 0) {
+    int64_t sum = 0;
+    for (int i = 0; i < count; ++i) sum += slots[i];
+    out[0] = sum;
+  }
+}
+
 // Each warp reduces its lanes with shuffles and lane 0 stores the warp's sum; the last warp then adds
 // the warps' sums. Without the __syncthreads that is right only when the last warp runs last.
 __global__ void race_last_warp_kernel(SYNCBN_PTR(int64_t) out, int fixed) {
@@ -366,13 +387,16 @@ at::Tensor race(const std::string& kind, bool fixed, int64_t threads, int64_t bl
   } else if (kind == "syncwarp") {
     TORCH_CHECK(threads == 32, "probes.race: the syncwarp probe is one warp (32 threads)");
     SYNCBN_LAUNCH(grid, block, 0, nullptr, race_syncwarp_kernel)(o, int(fixed));
+  } else if (kind == "shuffle") {
+    TORCH_CHECK(threads == 32, "probes.race: the shuffle probe is one warp (32 threads)");
+    SYNCBN_LAUNCH(grid, block, 0, nullptr, race_shuffle_kernel)(o, int(fixed));
   } else if (kind == "last_warp") {
     TORCH_CHECK(threads % 32 == 0, "probes.race: the last_warp probe needs whole warps");
     SYNCBN_LAUNCH(grid, block, 0, nullptr, race_last_warp_kernel)(o, int(fixed));
   } else if (kind == "global_write") {
     SYNCBN_LAUNCH(grid, block, 0, nullptr, race_global_write_kernel)(o, int(fixed));
   } else {
-    TORCH_CHECK(false, "probes.race: unknown kind '", kind, "' (syncthreads, syncwarp, last_warp, global_write)");
+    TORCH_CHECK(false, "probes.race: unknown kind '", kind, "' (syncthreads, syncwarp, shuffle, last_warp, global_write)");
   }
   check_launch();
   return out;

@@ -44,9 +44,9 @@ void order(at::Tensor& out, int64_t blocks, int64_t threads);
 
 // A kernel whose correctness depends on a synchronisation, with it (fixed) or without it (the bug):
 // "syncthreads" (out[t] = the value thread t-1 stored, thread 0 its own), "syncwarp" (one warp; out[0] =
-// sum of 100 + lane), "last_warp" (out[0] = sum of 100 + t over the block, finished by the last warp),
-// "global_write" (out[t] = t; the bug: every thread writes out[0]). Returns out (int64, blocks x threads,
-// -7 where nothing was written).
+// sum of 100 + lane), "shuffle" (the same; the bug: a shuffle instead of the __syncwarp), "last_warp"
+// (out[0] = sum of 100 + t over the block, finished by the last warp), "global_write" (out[t] = t; the
+// bug: every thread writes out[0]). Returns out (int64, blocks x threads, -7 where nothing was written).
 at::Tensor race(const std::string& kind, bool fixed, int64_t threads, int64_t blocks);
 
 // Launches a one-thread kernel with this configuration (after opting in to `optin` bytes of dynamic

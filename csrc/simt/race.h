@@ -10,9 +10,12 @@
 // Shared memory (static __shared__ and dynamic): every byte records its last writer and the threads
 // that read it since, with the barrier phase and the warp epoch of each access. Two accesses of one
 // block, by different threads, at least one a write, race unless a __syncthreads() completed between
-// them (a new phase) or, for two lanes of one warp, a warp operation both took part in (__syncwarp, a
-// shuffle) completed between them: a vector clock per thread over the lanes of its warp, joined at every
-// warp operation. Global memory: every write of a launch is logged, and two writes to one byte by two
+// them (a new phase) or, for two lanes of one warp, a __syncwarp() both took part in completed between
+// them: a vector clock per thread over the lanes of its warp, joined at every __syncwarp. A warp shuffle
+// is no such edge: it exchanges register values, and CUDA guarantees memory ordering among lanes only at
+// __syncwarp (and __syncthreads), so a store by lane A read by lane B with only a shuffle between them is
+// a race (compute-sanitizer's racecheck reports it too), even though the emulator, which runs a shuffle
+// as a rendezvous of its lanes, would compute the right value. Global memory: every write of a launch is logged, and two writes to one byte by two
 // different threads (of any blocks) are a race. Atomics (atomicAdd) are exempt.
 #pragma once
 #include <algorithm>
@@ -29,10 +32,10 @@ namespace syncbn::simt::race {
 class WarpClocks {
  public:
   void reset(int threads);
-  // Thread `tid`'s own epoch: advances at each warp operation it completes.
+  // Thread `tid`'s own epoch: advances at each __syncwarp it completes.
   SYNCBN_SIMT_UNINSTRUMENTED uint32_t epoch(int tid) const { return clocks_[size_t(tid)][size_t(tid % 32)]; }
-  // A warp operation of the lanes `mask` of warp `warp` completed: each advances its epoch, then all
-  // learn what each other knew.
+  // A __syncwarp of the lanes `mask` of warp `warp` completed: each advances its epoch, then all learn
+  // what each other knew. (Shuffles do not call it: they order no memory.)
   void join(int warp, unsigned mask);
   // Whether an access by thread `earlier` at its epoch `at` is ordered before what `later` does now.
   SYNCBN_SIMT_UNINSTRUMENTED bool ordered(int earlier, uint32_t at, int later) const {

@@ -5,11 +5,14 @@ a machine compiles it with ninja into a cache directory (default `<repo>/build/t
 override with SYNCTRAIN_EXTENSIONS_DIR); every later process imports the cached library directly.
 
 Design choices (why this is hand-written rather than a bare `torch.utils.cpp_extension.load`):
-- Cache key. Each variant is built under its own name and directory,
-  `syncbn_<cpu|cuda>_<isa>_<hash>`, where the hash covers the sources, headers, flags, the PyTorch,
-  CUDA and Python versions and the CUDA arch list. The CPU-only and the CUDA variant can therefore
-  never collide, an edited source gets a fresh build, and the ahead-of-time build
-  (`python -m src.syncbn.build`) produces exactly the directory this loader looks for.
+- Cache key. Each variant is built under its own name and directory, `syncbn_cpu_<isa>_<hash>` or
+  `syncbn_cuda_<isa>_<archs>_<hash>` (archs: the CUDA arch list, "8.0;9.0+PTX" -> `sm80sm90ptx`),
+  where the hash covers the sources, headers, flags, the PyTorch, CUDA and Python versions and the
+  CUDA arch list. The CPU-only and the CUDA variant can therefore never collide, an edited source gets
+  a fresh build, and the ahead-of-time build (`python -m src.syncbn.build`) produces exactly the
+  directory this loader looks for. A finished build deletes the older builds of its own variant (the
+  name up to the hash) only: ranks of one node that build for different GPU architectures or CPU
+  capabilities keep each other's builds, and a build some process is importing is never deleted.
 - CUDA only with a toolkit. With GPUs visible, the CUDA variant is chosen when it is already built or
   a usable nvcc matching torch.version.cuda is found (src/syncbn/toolkit.py); otherwise the CPU-only
   variant is, so CPU tensors still work, and `cuda_kernels_problem()` says why CUDA tensors cannot
@@ -40,6 +43,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import sys
 import sysconfig
@@ -147,6 +151,21 @@ def cuda_arch_list() -> str:
     return DEFAULT_CUDA_ARCH_LIST
 
 
+def _arch_tag(arch_list: str) -> str:
+    """The CUDA arch list as part of a variant's name (a module name: letters and digits only).
+
+    "8.0;9.0+PTX" -> "sm80sm90ptx", "9.0a" -> "sm90a"; entries separated by ';' or spaces, as
+    TORCH_CUDA_ARCH_LIST allows.
+    """
+    entries = [e for e in re.split(r"[;\s]+", arch_list) if e]
+    return "".join("sm" + re.sub(r"[^0-9a-z]", "", e.lower()) for e in entries)
+
+
+def _variant_of(name: str) -> str:
+    """A build's name without its hash: kind, CPU capability and (CUDA) architectures."""
+    return name.rsplit("_", 1)[0]
+
+
 def _headers(*folders: str) -> list[Path]:
     """Headers directly in csrc/ and in the given subfolders: what one variant compiles against."""
     dirs = [CSRC, *(CSRC / f for f in folders)]
@@ -195,8 +214,9 @@ def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) 
             env["CUDA_HOME"] = str(found.root)
     # Only headers this variant compiles against: CUDA-side edits must not rebuild the CPU variant.
     headers = _headers("cpu", *(["cuda"] if with_cuda else []))
-    kind = "cuda" if with_cuda else "cpu"
-    name = f"syncbn_{kind}_{cap}_{_digest(sources, headers, [cflags, cuda_cflags], [arch or ''])}"
+    # The architectures are in the name, not only in the hash: pruning keeps other variants' builds.
+    variant = f"syncbn_cuda_{cap}_{_arch_tag(arch)}" if arch else f"syncbn_cpu_{cap}"
+    name = f"{variant}_{_digest(sources, headers, [cflags, cuda_cflags], [arch or ''])}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
                      cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags), ldflags=("-fopenmp",),
                      with_cuda=with_cuda, cpu_capability=cap, cuda_arch_list=arch, env=env)
@@ -267,6 +287,22 @@ def _import_library(spec: BuildSpec) -> ModuleType:
     return module
 
 
+def _wait_for_flock(fd: int, operation: int, path: Path, timeout_s: float) -> None:
+    """flock(fd, operation), polling until timeout_s (then closes fd and raises TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise TimeoutError(
+                    f"waited {timeout_s:.0f} s for another process building the SyncBN extension (lock "
+                    f"{path}); raise SYNCTRAIN_EXTENSIONS_LOCK_TIMEOUT or check for a stuck compiler") from None
+            time.sleep(0.2)
+
+
 class _NodeLock:
     """Exclusive fcntl lock on a file; waits (polling, with a timeout) instead of failing."""
 
@@ -276,19 +312,7 @@ class _NodeLock:
     def __enter__(self) -> "_NodeLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(self.fd)
-                    raise TimeoutError(
-                        f"waited {self.timeout_s:.0f} s for another process building the SyncBN "
-                        f"extension (lock {self.path}); raise SYNCTRAIN_EXTENSIONS_LOCK_TIMEOUT or "
-                        "check for a stuck compiler") from None
-                time.sleep(0.2)
+        _wait_for_flock(self.fd, fcntl.LOCK_EX, self.path, self.timeout_s)
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
         return self
@@ -339,18 +363,24 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
 
 
 def _prune_stale_variants(spec: BuildSpec) -> None:
-    """Delete older builds of the same variant (other hashes) that no process is building now."""
-    prefix = spec.name.rsplit("_", 1)[0] + "_"
-    for lock in spec.build_dir.parent.glob(f"{prefix}*.lock"):
+    """Delete the older builds of `spec`'s own variant (same kind, CPU capability and CUDA architectures;
+    other hashes: edited sources, another PyTorch) that no process is building or importing now.
+
+    Only the same variant: on a node with several GPU models, ranks that each see one GPU build one
+    variant per architecture, and deleting each other's builds would make every job compile again.
+    """
+    variant = _variant_of(spec.name)
+    for lock in spec.build_dir.parent.glob(f"{variant}_*.lock"):
         name = lock.name[: -len(".lock")]
-        if name == spec.name:
+        if name == spec.name or _variant_of(name) != variant:
             continue
         try:
             fd = os.open(lock, os.O_RDWR)
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # busy -> someone is building it: keep
+            # Busy -> a process is building it (exclusive) or importing it (shared, _import_built): keep.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
@@ -394,12 +424,33 @@ def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None =
         return module
 
 
+def _import_built(spec: BuildSpec) -> ModuleType | None:
+    """Import a finished build holding its lock file shared, so that pruning (which needs the lock
+    exclusively and never waits for it) cannot delete the library while it is being loaded. None if
+    the build was deleted (or its lock file replaced) before the lock was ours: build() then decides.
+    After the import the process keeps its mapping of the library, so the lock is released."""
+    lock = spec.build_dir.parent / f"{spec.name}.lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # no lock file (pruning finds builds by theirs, so none deletes it) or unreadable
+        return _import_library(spec)
+    _wait_for_flock(fd, fcntl.LOCK_SH, lock, LOCK_TIMEOUT_S)
+    try:
+        try:
+            current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except OSError:
+            current = False
+        return _import_library(spec) if current and _is_built(spec) else None
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _load(spec: BuildSpec) -> ModuleType:
     module = _LOADED.get(spec.name)
     if module is None:
-        # Fast path: a finished build needs neither the lock nor ninja nor a compiler.
-        if _is_built(spec):
-            module = _import_library(spec)
+        # Fast path: a finished build needs neither the node lock nor ninja nor a compiler.
+        module = _import_built(spec) if _is_built(spec) else None
+        if module is not None:
             _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=False, seconds=0.0)
         else:
             module = build(spec)

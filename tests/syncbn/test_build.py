@@ -6,6 +6,7 @@ cached loader); the locking tests build a tiny pybind11 module through the same 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,6 +71,69 @@ def test_cpu_and_cuda_variants_never_share_a_cache_entry():
 def test_each_cpu_capability_has_its_own_variant():
     names = {extension.make_spec(with_cuda=False, cpu_capability=c).name for c in extension.CPU_CAPABILITIES}
     assert len(names) == len(extension.CPU_CAPABILITIES)
+
+
+def _fake_build(spec: extension.BuildSpec) -> None:
+    """A finished build of `spec` as the cache holds it (lock file, library, marker), compiled by nobody."""
+    spec.build_dir.mkdir(parents=True)
+    spec.library.write_text("")
+    spec.ok_marker.write_text(f"{spec.name}\n")
+    (spec.build_dir.parent / f"{spec.name}.lock").write_text("")
+
+
+def _older(spec: extension.BuildSpec) -> extension.BuildSpec:
+    """The same variant built from other sources: another hash."""
+    name = f"{spec.name.rsplit('_', 1)[0]}_0123456789ab"
+    return dataclasses.replace(spec, name=name, build_dir=spec.build_dir.parent / name)
+
+
+def test_a_build_prunes_only_older_builds_of_its_own_variant(tmp_path, monkeypatch):
+    """A node with two GPU models whose ranks each see one GPU builds one variant per architecture: a
+    finished build deletes its own variant's older hashes, never another architecture's or CPU
+    capability's build, nor the CPU-only or the emulated variant."""
+    if not extension.cuda_sources():
+        pytest.skip("no CUDA sources yet")
+    monkeypatch.setenv("SYNCTRAIN_EXTENSIONS_DIR", str(tmp_path))
+    specs = []
+    for arch in ("8.0", "9.0"):
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch)
+        specs += [extension.make_spec(with_cuda=True, cpu_capability=cap) for cap in ("avx2", "avx512")]
+    built = specs[-1]
+    assert built.name.startswith("syncbn_cuda_avx512_sm90_") and specs[1].name.startswith("syncbn_cuda_avx512_sm80_")
+    specs += [extension.make_spec(with_cuda=False, cpu_capability="avx512"), extension.make_emulated_spec()]
+    everything = specs + [_older(s) for s in specs]
+    for spec in everything:
+        _fake_build(spec)
+    stale = _older(built)
+    (tmp_path / f"{stale.name}.failed").write_text("an old failure")
+    extension._prune_stale_variants(built)
+    for spec in everything:
+        kept = spec.name != stale.name
+        assert spec.build_dir.exists() == kept and (tmp_path / f"{spec.name}.lock").exists() == kept, spec.name
+    assert not (tmp_path / f"{stale.name}.failed").exists()
+
+
+def test_a_build_being_imported_is_not_pruned(tmp_path, monkeypatch):
+    """A process importing a finished build holds its lock shared: a newer build of the same variant that
+    finishes meanwhile leaves it alone; once imported (the process keeps its mapping), the next one deletes it."""
+    monkeypatch.setenv("SYNCTRAIN_EXTENSIONS_DIR", str(tmp_path))
+    new = extension.make_spec(with_cuda=False, cpu_capability="avx512")
+    old = _older(new)
+    _fake_build(old)
+    present_while_importing = []
+
+    def import_while_a_newer_build_finishes(spec: extension.BuildSpec) -> SimpleNamespace:
+        extension._prune_stale_variants(new)
+        present_while_importing.append(spec.library.exists())
+        return SimpleNamespace(__file__=str(spec.library))
+
+    monkeypatch.setattr(extension, "_import_library", import_while_a_newer_build_finishes)
+    monkeypatch.setattr(extension, "_LOADED", {})
+    monkeypatch.setattr(extension, "_LAST_BUILD", {})
+    assert extension._load(old).__file__ == str(old.library)
+    assert present_while_importing == [True]
+    extension._prune_stale_variants(new)
+    assert not old.build_dir.exists()
 
 
 def _tool_dir(tmp_path: Path, tools: list[str]) -> str:

@@ -372,8 +372,13 @@ RACES = {
     "syncwarp": (32, 1, [WARP_SUM] + [-7] * 31,
                  r"race_syncwarp_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
                  r"memory at byte offset \d+ .*: thread \((\d+), 0, 0\) (wrote|read) it, then this thread (wrote|read) "
-                 r"it, with no __syncthreads\(\) between them and no warp operation \(__syncwarp, shuffle\) of both "
-                 r"lanes"),
+                 r"it, with no __syncthreads\(\) between them and no __syncwarp\(\) of both lanes"),
+    # A shuffle where the __syncwarp belongs: it moves values but orders no shared memory.
+    "shuffle": (32, 1, [WARP_SUM] + [-7] * 31,
+                r"race_shuffle_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
+                r"memory at byte offset \d+ .*: thread \((\d+), 0, 0\) (wrote|read) it, then this thread (wrote|read) "
+                r"it, with no __syncthreads\(\) between them and no __syncwarp\(\) of both lanes \(a shuffle "
+                r"orders no memory\)"),
     "last_warp": (256, 1, [sum(100 + t for t in range(256))] + [-7] * 255,
                   r"race_last_warp_kernel block \(0, 0, 0\) thread \((\d+), 0, 0\): data race on static __shared__ "
                   r"memory at byte offset \d+ .*: thread \((\d+), 0, 0\) (wrote|read) it, then this thread "
@@ -395,9 +400,9 @@ def test_correct_synchronisation_passes_every_schedule(emu, fibers, schedule, ki
 
 @pytest.mark.parametrize("kind", sorted(RACES))
 def test_missing_synchronisation_is_a_reported_race(emu, schedule, kind):
-    """A removed __syncthreads, a removed __syncwarp, a reduction finished by the last warp without a
-    barrier, two threads writing one global address: the launch fails naming kernel, address and threads,
-    whatever the order."""
+    """A removed __syncthreads, a removed __syncwarp, a shuffle in place of the __syncwarp, a reduction
+    finished by the last warp without a barrier, two threads writing one global address: the launch fails
+    naming kernel, address and threads, whatever the order."""
     threads, blocks, _, message = RACES[kind]
     with pytest.raises(RuntimeError, match=message) as err:
         emu.probes.race(kind, False, threads, blocks)
@@ -408,7 +413,7 @@ def test_missing_synchronisation_is_a_reported_race(emu, schedule, kind):
         assert ids[0] != ids[1]  # two different threads
     if kind == "last_warp":
         assert ids[0] // 32 != ids[1] // 32
-    if kind == "syncwarp":
+    if kind in ("syncwarp", "shuffle"):
         assert ids[0] // 32 == ids[1] // 32
 
 
@@ -417,7 +422,8 @@ def test_without_the_detector_the_races_pass_silently(detector, kind):
     """The detector is what catches them: switched off, each buggy kernel runs without an error, and in
     one of the fixed orders it even computes the right answer (the order a missing barrier hides in),
     while the other order shows a wrong one (what the schedules add) -- except for the global write
-    conflict, which only the detector sees."""
+    conflict and the shuffle in place of a __syncwarp (the emulator runs a shuffle as a rendezvous of the
+    lanes, so every order sums right), which only the detector sees."""
     emu = detector
     threads, blocks, expected, _ = RACES[kind]
     emu.set_race_detection(False)
@@ -430,6 +436,8 @@ def test_without_the_detector_the_races_pass_silently(detector, kind):
         emu.set_schedule(None)
     if kind == "global_write":
         assert all(r[1:] == [-7] * (threads * blocks - 1) for r in results.values())
+    elif kind == "shuffle":
+        assert all(r == expected for r in results.values())
     else:
         assert expected in results.values()  # silently right in one order
         assert any(r != expected for r in results.values())  # wrong in the other
