@@ -124,8 +124,10 @@ class Fabric:
     bidirectional -> 450 GB/s (NVIDIA H100/H200 datasheets); DGX H100/H200: eight single-port ConnectX-7,
     up to 400 Gb/s InfiniBand NDR, one per GPU -> 50 GB/s (NVIDIA DGX BasePOD reference architecture,
     "Core Components"). Latencies (us) and protocol/algorithm factors: NCCL's own tuning model,
-    src/graph/tuning.cc (`baseLat`, `hwLat`, the LL bandwidth factors, the tree bandwidth cap), for the LL
-    (small-message) and Simple protocols; LL128 is left out.
+    src/graph/tuning.cc of NCCL 2.7.5 (`baseLat`, `hwLat`, the LL bandwidth factors, the tree bandwidth cap,
+    intra-node LL hops x 1.8 across nodes), for the LL (small-message) and Simple protocols; LL128, NVLS,
+    CollNet/SHARP and later versions' retuned constants are left out. Bus bandwidth as nccl-tests defines
+    it (doc/PERFORMANCE.md: all_reduce busbw = algbw x 2(W-1)/W, all_gather busbw = algbw x (W-1)/W).
     """
 
     gpus_per_node: int = 8
@@ -327,7 +329,7 @@ def _kb(x: float | None) -> str:
 def measured_table(measured: dict[int, dict[str, Any]]) -> str:
     """One row per (model, W, design)."""
     rows = ["| model | W | design | collectives/step (gather + all_reduce) | KB/rank/step sent: ring model | "
-            "measured: written to sockets |  measured: lo / W | ms/step | ms/collective fwd / bwd |",
+            "measured: written to sockets | measured: lo / W | ms/step | ms/collective fwd / bwd |",
             "|---|---|---|---|---|---|---|---|---|"]
     for world, per_model in sorted(measured.items()):
         for model, r in per_model.items():
