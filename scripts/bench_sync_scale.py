@@ -7,8 +7,10 @@ The layer shapes are those of the real torchvision models (built with weights=No
 of every BatchNorm2d, in forward order (forward hooks on one 64 px image). Per training step and layer,
 the two designs exchange:
   gather      forward: one all_gather_into_tensor of the packed float64 [n, mean(C), M2(C)] (2C+1 values),
-              as src.syncbn.collectives.all_gather_stats does today; backward: one all_reduce of 2C float32
-  all_reduce  forward: one all_reduce of 2C+1 float64 ("shifted sums"); the same backward all_reduce
+              src.syncbn.collectives.all_gather_stats (the exchange SyncBN falls back to); backward: one
+              all_reduce of 2C float32
+  all_reduce  forward: one all_reduce of 2C+1 float64 shifted sums, src.syncbn.collectives.all_reduce_stats
+              (SyncBN's exchange); the same backward all_reduce
 
 Measured (`--worlds`, one torchrun launch of W gloo ranks on loopback per W, one torch thread per rank,
 no model compute: only the collectives of a step, issued with src.syncbn.collectives' functions on
@@ -235,7 +237,7 @@ def measure(rank: int, world: int, layers: dict[str, list[int]], rounds: int, st
                 if design == "gather":
                     collectives.all_gather_stats(t, name, world)
                 else:
-                    collectives.all_reduce_grads(t, name)  # a group sum of a float64 tensor: the same op
+                    collectives.all_reduce_stats(t, name)
 
         def backward() -> None:
             for g in grads:
