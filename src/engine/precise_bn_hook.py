@@ -62,12 +62,13 @@ class PreciseBNHook(Hook):
                                          self.num_batches, forward)
         total = int(dist.reduce_dict({"images": float(images[0])}, average=False)["images"])
         if dist.is_main_process():
-            for name, report in zip(("model", "EMA"), reports):
-                log.info("precise BN at step %d: %s: %d BatchNorm layer(s) recomputed from %d training batch(es) per "
-                         "process x %d process(es) = %d images (%d values per channel in the first layer), %.1fs%s",
-                         state.progress.step, name, report.layers, self.num_batches, dist.get_world_size(), total,
-                         report.values, report.seconds,
-                         f"; left as they were (too few values): {', '.join(report.skipped)}" if report.skipped else "")
+            done = "; ".join(
+                f"{name}: {r.layers} BatchNorm layer(s) recomputed ({r.values} values per channel in the first)"
+                + (f", {len(r.skipped)} left as they were (fewer than 2 values): {', '.join(r.skipped)}"
+                   if r.skipped else "")
+                for name, r in zip(("model", "EMA"), reports))
+            log.info("precise BN at step %d (%.1fs): %d training batch(es) per process x %d process(es) = %d images; %s",
+                     state.progress.step, reports[0].seconds, self.num_batches, dist.get_world_size(), total, done)
 
     def _to_device(self, images: torch.Tensor) -> torch.Tensor:
         images = images.to(self.device, self.dtype, non_blocking=True)
