@@ -189,6 +189,12 @@ class TrainerConfig:
     # Recompute each stage's activations in the backward instead of keeping them (less memory, one more
     # forward of those stages): src/models/activation_checkpointing.py; BatchNorm statistics stay exact.
     activation_checkpointing: bool = False
+    # Precise BatchNorm (src/engine/precise_bn.py, PreciseBNHook): before the final evaluation, recompute every
+    # BatchNorm's running_mean / running_var (model and EMA) as the exact population statistics, over all ranks,
+    # of this many training micro-batches per rank; 0 = off. precise_bn_every=k also recalibrates before every
+    # k-th scheduled evaluation (every eval_every x k epochs); 0 = only at the end of training.
+    precise_bn_batches: int = 0
+    precise_bn_every: int = 0
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
@@ -222,6 +228,11 @@ class TrainerConfig:
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
         _one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         _non_negative("trainer.num_threads", self.num_threads)
+        _non_negative_int("trainer.precise_bn_batches", self.precise_bn_batches)
+        _non_negative_int("trainer.precise_bn_every", self.precise_bn_every)
+        if self.precise_bn_every and not self.precise_bn_batches:
+            raise ValueError(f"trainer.precise_bn_every={self.precise_bn_every} needs trainer.precise_bn_batches > 0 "
+                             "(the number of training batches per process to recompute BatchNorm statistics on)")
 
 
 @dataclass
@@ -324,6 +335,12 @@ def _check_across_groups(cfg: TrainConfig) -> None:
         raise ValueError("trainer.mixup_alpha / trainer.cutmix_alpha apply to classification only; set them to 0")
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":
         raise ValueError("trainer.amp=fp16 needs a GPU; on the CPU use trainer.amp=bf16 or none")
+    if cfg.trainer.precise_bn_batches and cfg.norm.name in ("gn", "frozen_bn"):
+        why = ("GroupNorm has no running statistics" if cfg.norm.name == "gn"
+               else "frozen BatchNorm keeps its (pretrained) statistics by design")
+        raise ValueError(f"trainer.precise_bn_batches={cfg.trainer.precise_bn_batches} with norm={cfg.norm.name}: "
+                         f"{why}, so there is nothing to recalibrate; set trainer.precise_bn_batches=0 or use "
+                         "norm=bn or norm=syncbn")
     if cfg.trainer.compile:
         _check_compilable(cfg)
     if cfg.trainer.activation_checkpointing:
@@ -374,6 +391,13 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{key} must be > 0, got {value}")
+
+
+def _non_negative_int(key: str, value: Any) -> None:
+    """An int >= 0 (a TrainerConfig built in code skips OmegaConf's type check, so the type is checked too)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
+    _non_negative(key, value)
 
 
 def _non_negative(key: str, value: float) -> None:

@@ -31,6 +31,7 @@ from src.engine.norm_health import check_norm_health
 from src.engine.norm_sync import NormSync, NormSyncHook, buffer_sync_mode
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
+from src.engine.precise_bn_hook import PreciseBNHook
 from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
@@ -222,6 +223,8 @@ def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: An
                          StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, config)))
+    if settings.precise_bn_batches:  # before EvalHook: the evaluation it precedes sees the recomputed statistics
+        hooks.append(PreciseBNHook(settings, device))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
     if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
         hooks.append(EarlyStopHook(settings.early_stop))

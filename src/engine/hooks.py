@@ -13,9 +13,10 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             (it runs in a `finally`; the error propagates once every hook has run)
 
 Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook (norm_sync.py), MetricsHook,
-StopAtMaxSteps, SampleGridHook, EvalHook, EarlyStopHook (with trainer.early_stop.metric, early_stop_hook.py),
-CheckpointHook, then CompileReport (with trainer.compile, compile.py) and PreemptionHook (preemption.py) last:
-evaluation runs before the checkpoint that records its metrics.
+StopAtMaxSteps, SampleGridHook, PreciseBNHook (with trainer.precise_bn_batches, precise_bn_hook.py), EvalHook,
+EarlyStopHook (with trainer.early_stop.metric, early_stop_hook.py), CheckpointHook, then CompileReport (with
+trainer.compile, compile.py) and PreemptionHook (preemption.py) last: evaluation runs before the checkpoint that
+records its metrics.
 
 Controlling the loop from a hook:
 
