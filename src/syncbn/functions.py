@@ -52,12 +52,7 @@ class KernelOps:
     batch_norm_backward_elemt: Callable[..., Any]
     traceable: bool
     library: Optional[str]  # file of the loaded extension, if it is one
-    module: Any = None  # the extension itself: its other attributes (e.g. the emulation's counters) read through
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__") and name != "__name__":
-            raise AttributeError(name)  # copy/pickle probes: not the module's
-        return getattr(self.module, name)
+    module: Any = None  # the extension itself (e.g. the emulation's schedule and counters)
 
     @classmethod
     def from_module(cls, module: ModuleType) -> "KernelOps":
@@ -83,10 +78,20 @@ def use_kernel_module(module: ModuleType) -> KernelOps:
     return _OPS
 
 
-def _load_kernel_module() -> ModuleType:
-    from .extension import load_extension  # deferred: importing src.syncbn never compiles
+KERNELS_ENV = "SYNCTRAIN_SYNCBN_KERNELS"
 
-    return load_extension()
+
+def _load_kernel_module() -> ModuleType:
+    """The extension for this machine; or, with SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated, the CUDA kernels run on
+    the CPU by the SIMT emulation (CPU tensors through the CUDA code; eager only). Read once, at first use."""
+    from . import extension  # deferred: importing src.syncbn never compiles
+
+    choice = os.environ.get(KERNELS_ENV, "")
+    if choice == "cuda-emulated":
+        return extension.emulated_cuda_ops()
+    if choice:
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'cuda-emulated' or unset")
+    return extension.load_extension()
 
 
 @torch.compiler.assume_constant_result
@@ -99,36 +104,11 @@ def _kernels_loaded() -> bool:
     return True
 
 
-KERNELS_ENV = "SYNCTRAIN_SYNCBN_KERNELS"
-_FROM_ENV: dict[str, KernelOps] = {}
-
-
-def _kernels_from_env(choice: str) -> KernelOps:
-    """The kernels SYNCTRAIN_SYNCBN_KERNELS names: cuda-emulated = the CUDA kernels run on the CPU by the SIMT
-    emulation (CPU tensors through the CUDA code; eager only), loaded once per process."""
-    if choice != "cuda-emulated":
-        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'cuda-emulated' or unset")
-    ops = _FROM_ENV.get(choice)
-    if ops is None:
-        from . import extension
-
-        ops = _FROM_ENV[choice] = KernelOps.from_module(extension.emulated_cuda_ops())
-    return ops
-
-
 def kernel_ops() -> KernelOps:
-    """The kernel ops (the extension is built or loaded once per process, on first use).
-
-    SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated selects the emulated CUDA kernels instead (read at every
-    call, so a test may switch it on and off).
-    """
-    choice = os.environ.get(KERNELS_ENV, "")
-    if choice:
-        ops = _kernels_from_env(choice)
-    else:
-        _kernels_loaded()
-        assert _OPS is not None
-        ops = _OPS
+    """The kernel ops (the extension is built or loaded once per process, on first use; see _load_kernel_module)."""
+    _kernels_loaded()
+    ops = _OPS
+    assert ops is not None
     if not ops.traceable and torch.compiler.is_compiling():
         raise RuntimeError(
             f"the SyncBN kernels in use ({ops.library}) are plain Python functions, which "

@@ -1,8 +1,8 @@
 """SyncBatchNorm on 2 real gloo processes running our CUDA kernels (emulated on the CPU) == one-process
 nn.BatchNorm on the concatenated batch: forward, all gradients, running statistics (bn_cases.py).
 
-SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated makes src.syncbn.functions.kernel_ops() return the emulated
-build, in this process and in the ranks; the emulated device is a 16-SM Orin, whose few
+SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated, set before the ranks start (they read it at their first SyncBN
+call), makes src.syncbn.functions.kernel_ops() return the emulated build in the ranks; the emulated device is a 16-SM Orin, whose few
 resident blocks split these small batches across several blocks per channel. A subset of the CPU
 equivalence cases (test_distributed_equivalence.py) that covers layouts, dtypes, empty ranks and the
 cumulative momentum. Rank 0 runs the kernels in forward lane, warp and block order, rank 1 in reverse.
@@ -30,11 +30,11 @@ def run_emulated(rank: int, world: int, payload: dict) -> dict:
     """run_cases on this rank, plus which kernels ran and how many emulated launches they made."""
     from src.syncbn.functions import kernel_ops
 
-    ops = kernel_ops()
-    ops.set_schedule(payload["schedules"][rank])
-    before = ops.counters()["launches"]
+    emulation = kernel_ops().module
+    emulation.set_schedule(payload["schedules"][rank])
+    before = emulation.counters()["launches"]
     results = run_cases(rank, world, payload)
-    return {"ops": ops.__name__, "launches": ops.counters()["launches"] - before, "results": results}
+    return {"ops": emulation.__name__, "launches": emulation.counters()["launches"] - before, "results": results}
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,9 @@ def test_matches_one_process_batchnorm(world_results, name: str) -> None:
 
 
 def test_unknown_kernel_choice_is_an_error(monkeypatch):
-    from src.syncbn.functions import kernel_ops
+    from src.syncbn import functions
 
     monkeypatch.setenv("SYNCTRAIN_SYNCBN_KERNELS", "cuda-emulate")
+    monkeypatch.setattr(functions, "_OPS", None)  # as in a fresh process: the variable is read at first use
     with pytest.raises(ValueError, match="SYNCTRAIN_SYNCBN_KERNELS='cuda-emulate': expected 'cuda-emulated' or unset"):
-        kernel_ops()
+        functions.kernel_ops()
