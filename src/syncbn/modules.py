@@ -158,8 +158,15 @@ class SyncBatchNorm(_BatchNorm):
         super()._apply(fn, recurse)
         shift = getattr(self, "sync_shift", None)  # absent while a subclass's __init__ is still running
         if shift is not None:
-            self.sync_shift = fn(shift)  # .to(device) / .cuda() / .half() / to_empty(): as a buffer would be
+            # Moved and cast as a buffer would be (.to / .cuda / .half), but zeroed: to_empty() would leave
+            # uninitialised memory, different on every rank, and zeros are identical everywhere.
+            self.sync_shift = torch.zeros_like(fn(shift))
         return self
+
+    def reset_running_stats(self) -> None:
+        super().reset_running_stats()
+        if getattr(self, "sync_shift", None) is not None:
+            self.reset_sync_shift()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         self._forwards = None  # re-read from the loaded num_batches_tracked at the next training forward
