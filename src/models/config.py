@@ -188,13 +188,9 @@ class NormConfig:
         changed = [key for key, (value, default) in modes.items() if value != default]
         if changed and self.name != "syncbn":
             raise ValueError(f"norm.{changed[0]} applies only to norm=syncbn (ours); got norm={self.name}")
-        if self.group_size is not None:
-            if self.group_size < 1:
-                raise ValueError(f"norm.group_size must be >= 1 or null (all ranks), got {self.group_size}")
-            if world_size is not None and world_size % self.group_size:
-                divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-                raise ValueError(f"norm.group_size={self.group_size} must divide the number of processes "
-                                 f"({world_size}): use one of {divisors}, or null for all ranks")
+        from src.syncbn.groups import check_group_size  # the one rule, also applied by the library itself
+
+        check_group_size(self.group_size, world_size, key="norm.group_size")
         if self.sync_every < 1:
             raise ValueError(f"norm.sync_every must be >= 1 (1 = every training forward), got {self.sync_every}")
         if self.sync_until_step is not None and self.sync_until_step < 0:

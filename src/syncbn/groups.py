@@ -22,12 +22,18 @@ _GROUPS: dict[int, tuple[Any, Any]] = {}
 _STATS: dict[str, tuple[Any, Any]] = {}
 
 
-def check_group_size(group_size: int, world_size: int) -> None:
-    """ValueError unless group_size is a positive divisor of world_size."""
-    if not isinstance(group_size, int) or group_size < 1 or world_size % group_size:
+def check_group_size(group_size: Any, world_size: Optional[int] = None, *, key: str = "group_size") -> None:
+    """The one rule for group_size, wherever it is given (norm.group_size in a config, configure_sync, group
+    creation): None (the whole group) or an int >= 1 that divides world_size, when that is known.
+    ValueError naming `key` otherwise."""
+    if group_size is None:
+        return
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"{key} must be an int >= 1, or null/None for all ranks; got {group_size!r}")
+    if world_size is not None and world_size % group_size:
         divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(f"group_size={group_size!r} must divide the world size {world_size} into groups of "
-                         f"consecutive ranks; use one of {divisors} (or None for the whole world)")
+        raise ValueError(f"{key}={group_size} must divide the number of processes ({world_size}) into groups of "
+                         f"consecutive ranks: use one of {divisors}, or null/None for all ranks")
 
 
 def create_rank_groups(group_size: int, timeout_s: Optional[float] = None) -> Any:
@@ -40,6 +46,9 @@ def create_rank_groups(group_size: int, timeout_s: Optional[float] = None) -> An
         raise RuntimeError("create_rank_groups needs an initialised default process group: call it after "
                            "init_process_group, on every rank")
     world = dist.group.WORLD
+    if group_size is None:
+        raise ValueError("create_rank_groups needs a group size (an int >= 1); None means the whole group, which needs "
+                         "no groups of its own")
     check_group_size(group_size, dist.get_world_size())
     cached = _GROUPS.get(group_size)
     if cached is not None and cached[0] is world:

@@ -13,6 +13,7 @@ from typing import Optional
 
 from torch import nn
 
+from .groups import check_group_size
 from .modules import SyncBatchNorm
 
 
@@ -23,8 +24,7 @@ def configure_sync(module: nn.Module, *, group_size: Optional[int] = None, sync_
     group_size needs its groups created on every rank after init_process_group (`create_rank_groups`)
     before the first training forward; setting it here communicates nothing.
     """
-    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
-        raise ValueError(f"group_size must be an int >= 1 or None (whole process group), got {group_size!r}")
+    check_group_size(group_size)  # the world size is checked where the groups are created
     if not isinstance(sync_every, int) or sync_every < 1:
         raise ValueError(f"sync_every must be an int >= 1 (1 = every training forward), got {sync_every!r}")
     if sync_until_step is not None and (not isinstance(sync_until_step, int) or sync_until_step < 0):

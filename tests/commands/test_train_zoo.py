@@ -65,6 +65,7 @@ def test_group_size_that_does_not_divide_the_world_fails_before_any_process_grou
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("train", overrides=["norm=syncbn", "norm.group_size=3", "device=cpu"])
-    with pytest.raises(ValueError, match=r"norm.group_size=3 must divide the number of processes \(4\): use one of "
+    with pytest.raises(ValueError, match=r"norm.group_size=3 must divide the number of processes \(4\) into groups of "
+                                         r"consecutive ranks: use one of "
                                          r"\[1, 2, 4\]"):
         run(cfg)

@@ -130,7 +130,7 @@ def test_weights_and_backbone_weights_exclusive(tmp_path: Path) -> None:
     ({"group_size": 2}, "norm.group_size applies only to norm=syncbn"),
     ({"name": "torch_syncbn", "sync_every": 2}, "norm.sync_every applies only to norm=syncbn"),
     ({"name": "gn", "sync_until_step": 10}, "norm.sync_until_step applies only to norm=syncbn"),
-    ({"name": "syncbn", "group_size": 0}, "norm.group_size must be >= 1 or null"),
+    ({"name": "syncbn", "group_size": 0}, "norm.group_size must be an int >= 1, or null/None for all ranks"),
     ({"name": "syncbn", "sync_every": 0}, "norm.sync_every must be >= 1"),
     ({"name": "syncbn", "sync_until_step": -1}, "norm.sync_until_step must be >= 0 or null"),
 ])
@@ -143,8 +143,8 @@ def test_group_size_must_divide_the_world_size() -> None:
     cfg = NormConfig(name="syncbn", group_size=3)
     cfg.validate(device=None)  # world size unknown (e.g. evaluation): not checked
     cfg.validate(device=None, world_size=6)
-    with pytest.raises(ValueError, match=r"norm.group_size=3 must divide the number of processes \(4\): use one of "
-                                         r"\[1, 2, 4\], or null for all ranks"):
+    with pytest.raises(ValueError, match=r"norm.group_size=3 must divide the number of processes \(4\) into groups of "
+                                         r"consecutive ranks: use one of \[1, 2, 4\], or null/None for all ranks"):
         cfg.validate(device=None, world_size=4)
 
 

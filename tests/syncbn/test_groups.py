@@ -104,4 +104,4 @@ def test_missing_or_bad_groups_are_clear_errors(four_ranks: tuple) -> None:
     for rank in four:
         assert "group_size=3, but its groups were not created in this process group: call " \
                "src.syncbn.create_rank_groups(3) on every rank" in rank["not_created"]
-        assert "group_size=3 must divide the world size 4" in rank["bad_size"] and "[1, 2, 4]" in rank["bad_size"]
+        assert "group_size=3 must divide the number of processes (4)" in rank["bad_size"] and "[1, 2, 4]" in rank["bad_size"]

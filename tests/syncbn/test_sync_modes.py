@@ -165,6 +165,6 @@ def test_defaults_and_eval_never_change_behaviour() -> None:
         configure_sync(layer, sync_every=0)
     with pytest.raises(ValueError, match="sync_until_step must be an int >= 0 or None"):
         configure_sync(layer, sync_until_step=-2)
-    with pytest.raises(ValueError, match="group_size must be an int >= 1 or None"):
+    with pytest.raises(ValueError, match="group_size must be an int >= 1, or null/None for all ranks"):
         configure_sync(layer, group_size=0)
 
