@@ -15,6 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .collectives import resolve_group
 from .functions import sync_batch_norm
 from .recompute import ledger_of, recomputing
+from .selfcheck import check_first_use
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -40,6 +41,7 @@ class SyncBatchNorm(_BatchNorm):
     sync_until_step: Optional[int] = None
     optimizer_step: int = 0
     _forwards: Optional[int] = None  # this layer's training forwards before the current one (sync_every)
+    _checked_on: Optional[torch.device] = None  # the CUDA device whose self-check this layer has seen done
 
     def __init__(
         self,
@@ -111,6 +113,10 @@ class SyncBatchNorm(_BatchNorm):
                 input, self.running_mean, self.running_var, self.weight, self.bias, bn_training, 0.0, self.eps
             )
 
+        if input.is_cuda and input.device != self._checked_on and not torch.compiler.is_compiling():
+            # Our CUDA kernels' self-check, once per device and process, unless the trainer's gate ran it.
+            check_first_use(input.device)
+            self._checked_on = input.device
         if self.eps <= 0.0:  # same check and words as F.batch_norm, which this path does not call
             raise ValueError(f"batch_norm eps must be positive during training, but got {self.eps}")
         track = self.track_running_stats

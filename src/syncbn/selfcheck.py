@@ -12,6 +12,10 @@ only costs a warning. A PyTorch kernel that raises is recorded as "reference una
 reference decides. In a process group every rank's verdict is reduced (one all_reduce) before any rank
 acts, so all ranks raise (norm.cuda_selfcheck=error) or all fall back together, and none is left waiting.
 
+Outside the trainer, each process checks a CUDA device at the first training forward of a SyncBatchNorm
+layer on it (`check_first_use`; SYNCTRAIN_SYNCBN_SELFCHECK=error|warn|off), in that process alone, or when the
+user calls `check(device)` (e.g. before compiling); a remembered pass makes both free.
+
 The very same `run_selfcheck` runs in `make test` on the emulated build (CPU tensors; PyTorch has no CPU
 version of those ops, so the float64 reference alone is the judge there), and against an emulated variant
 built with one deliberately wrong result (SYNCTRAIN_SELFCHECK_FAULT), which it must catch.
@@ -389,6 +393,63 @@ def agree_on_selfcheck(ops: ModuleType, device: torch.device | str, mode: str, k
     return False
 
 
+# --- Library use: this process alone, at the layer's first CUDA training forward ------------------------
+
+FIRST_USE_ENV = "SYNCTRAIN_SYNCBN_SELFCHECK"  # error (default) | warn | off: the layers' own first-use check
+_CHECKED: set[str] = set()  # CUDA devices this process has checked (here, or through the trainer's gate)
+
+
+def _cuda_device(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check(device: torch.device | str = "cuda", *, ops: ModuleType | None = None,
+          use_cache: bool = True) -> SelfCheckReport | None:
+    """Self-check our kernels on `device` in this process alone (no collective): the report of a check run now,
+    None when a pass for this GPU, driver and build is remembered; SelfCheckError when they disagree with the
+    references (or raise). For users of src.syncbn outside the trainer who want the check at a moment of their
+    choosing, e.g. before compiling a model (the layers' own first-use check runs in eager forwards only)."""
+    device = _cuda_device(device)
+    if ops is None:  # the kernels the layers use (loaded now if no layer has run yet)
+        from .functions import kernel_ops
+
+        ops = kernel_ops().module
+    build = Path(getattr(ops, "__file__", "") or "unknown").stem
+    key = device_key(device, build) if device.type == "cuda" else f"{device} | {build}"
+    _CHECKED.add(str(device))
+    verdict = _check_or_recall(ops, device, key, use_cache, None, sc.DTYPES)
+    if isinstance(verdict, SelfCheckError):
+        raise verdict
+    if isinstance(verdict, SelfCheckReport):
+        log.info("%s", verdict.summary())
+        if use_cache:
+            _remember(cache_path(), key, verdict)
+    return verdict
+
+
+def check_first_use(device: torch.device) -> None:
+    """What SyncBatchNorm runs at its first training forward on each CUDA device of this process (eager mode):
+    `check(device)` unless this process checked it already (the trainer's gate counts). SYNCTRAIN_SYNCBN_SELFCHECK:
+    error (default: a disagreement raises SelfCheckError), warn (log it and go on), off (no check)."""
+    if str(device) in _CHECKED:
+        return
+    mode = os.environ.get(FIRST_USE_ENV, "error")
+    if mode not in ("error", "warn", "off"):
+        raise ValueError(f"{FIRST_USE_ENV}={mode!r}: expected error, warn or off")
+    _CHECKED.add(str(device))
+    if mode == "off":
+        return
+    try:
+        check(device)
+    except SelfCheckError as err:
+        if mode == "error":
+            raise
+        log.warning("%s\n%s=warn: going on with our CUDA kernels anyway.", err, FIRST_USE_ENV)
+
+
 def ensure_cuda_kernels_checked(device: torch.device | str, mode: str = "error", *,
                                 ops: ModuleType | None = None, use_cache: bool = True) -> bool:
     """Self-check our kernels on `device` once per (GPU, driver, build); True when they may be used.
@@ -401,8 +462,8 @@ def ensure_cuda_kernels_checked(device: torch.device | str, mode: str = "error",
     device = torch.device(device)
     if mode == "off" or device.type != "cuda":
         return True
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _cuda_device(device)
+    _CHECKED.add(str(device))  # decided here for every rank: the layers' first-use check stays out of the way
     if ops is None:
         from .extension import load_extension
 

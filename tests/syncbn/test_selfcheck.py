@@ -120,6 +120,39 @@ def test_error_mode_raises_and_remembers_nothing(fake_gpu):
     assert fake_gpu.calls == 2 and not selfcheck.cache_path().exists()
 
 
+def test_library_check_and_the_layers_first_use_check(fake_gpu, monkeypatch, caplog):
+    """check(): this process alone, a report now or None once remembered, SelfCheckError on a disagreement.
+    check_first_use (a layer's first CUDA training forward): once per device and process, never after the
+    trainer's gate, and SYNCTRAIN_SYNCBN_SELFCHECK=warn|off soften or skip it."""
+    monkeypatch.setattr(selfcheck, "_CHECKED", set())
+    dev, other = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert isinstance(selfcheck.check(dev, ops=fake_gpu.ops), selfcheck.SelfCheckReport)
+    assert selfcheck.check(dev, ops=fake_gpu.ops) is None and fake_gpu.calls == 1  # remembered
+    fake_gpu.fail = True
+    with pytest.raises(selfcheck.SelfCheckError, match="batch_norm_elemt"):
+        selfcheck.check(dev, ops=fake_gpu.ops, use_cache=False)
+    with pytest.raises(selfcheck.SelfCheckError, match="batch_norm_elemt"):
+        selfcheck.check_first_use(other)
+    selfcheck.check_first_use(other)  # once per device: the second forward does not check again
+    assert fake_gpu.calls == 3
+    third, fourth = torch.device("cuda", 2), torch.device("cuda", 3)
+    monkeypatch.setenv("SYNCTRAIN_SYNCBN_SELFCHECK", "warn")
+    with caplog.at_level(logging.WARNING, logger="src.syncbn.selfcheck"):
+        selfcheck.check_first_use(third)
+    assert "SYNCTRAIN_SYNCBN_SELFCHECK=warn" in caplog.text and fake_gpu.calls == 4
+    monkeypatch.setenv("SYNCTRAIN_SYNCBN_SELFCHECK", "off")
+    selfcheck.check_first_use(fourth)
+    assert fake_gpu.calls == 4
+    fifth, rebuilt = torch.device("cuda", 4), SimpleNamespace(__file__="/x/syncbn_cuda_avx512_ba9876543210.so")
+    assert not selfcheck.ensure_cuda_kernels_checked(fifth, "fallback", ops=rebuilt)  # the trainer's gate
+    monkeypatch.setenv("SYNCTRAIN_SYNCBN_SELFCHECK", "error")
+    selfcheck.check_first_use(fifth)  # decided by the gate: the layers do not check again
+    assert fake_gpu.calls == 5
+    monkeypatch.setenv("SYNCTRAIN_SYNCBN_SELFCHECK", "sometimes")
+    with pytest.raises(ValueError, match="SYNCTRAIN_SYNCBN_SELFCHECK='sometimes': expected error, warn or off"):
+        selfcheck.check_first_use(torch.device("cuda", 5))
+
+
 def test_fallback_mode_warns_and_off_skips(fake_gpu, caplog):
     fake_gpu.fail = True
     with caplog.at_level(logging.WARNING, logger="src.syncbn.selfcheck"):
