@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
-from src import dist, process_group
+from src import comm, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
@@ -60,7 +60,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     # Before any process group: a typo fails fast on every rank.
     config = validate_config(cfg, world_size=process_group.launch_world_size())
     device = process_group.select_device(config.device)
-    threads = configure_threads(config.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
+    threads = configure_threads(config.trainer.num_threads, comm.get_local_world_size()) if device.type == "cpu" else 0
     process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     if config.trainer.dry_run:
@@ -73,14 +73,14 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     status = FAILED  # how the tracker runs end unless training gets to its end
     try:
         run_dir = resolve_run_dir()
-        setup_logging(run_dir, dist.get_rank())
-        main = dist.is_main_process()
+        setup_logging(run_dir, comm.get_rank())
+        main = comm.is_main_process()
         tracker = Tracker(run_dir, enabled=main,
                           tensorboard=config.trainer.tensorboard and config.logger.tensorboard is not None,
                           sinks=build_sinks(config.logger) if main else (), queue_size=config.logger.queue_size,
                           finish_timeout_s=config.logger.finish_timeout_s,
                           abort_timeout_s=config.logger.abort_timeout_s)
-        log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, dist.get_world_size(),
+        log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, comm.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:
             log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
@@ -90,7 +90,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
             failure = compile_failure(err, config) if config.trainer.compile else None
             if failure is not None:
                 raise failure from None  # PyTorch's reason is in the message; its traceback page is not
-            if not dist.is_timeout(err):
+            if not comm.is_timeout(err):
                 raise
             # gloo / NCCL say only "Timed out waiting 20000ms": name the setting and the usual causes.
             raise RuntimeError(
@@ -111,7 +111,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
 def _train(config: TrainConfig, device: torch.device, run_dir: Path,
            tracker: Tracker) -> tuple[Trainer, dict[str, float]]:
     """Build data, model and TrainState, resume, assemble the hooks, train; returns the trainer and last metrics."""
-    rank, world, settings = dist.get_rank(), dist.get_world_size(), config.trainer
+    rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
     data = build_datasets(config.data, seed=config.seed)
@@ -153,15 +153,15 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     norm_sync = NormSync(model, config.norm, config.trainer.dist_timeout_s)  # collective with norm.group_size
     if config.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    seed_everything(config.seed + dist.get_rank())  # everything random from here (dropout, MixUp) differs per rank
+    seed_everything(config.seed + comm.get_rank())  # everything random from here (dropout, MixUp) differs per rank
     return model, norm_sync
 
 
 def _dry_run(config: TrainConfig, device: torch.device) -> None:
     """trainer.dry_run: build data, model and its wrapping as training does, one training-mode forward, summary."""
     run_dir = resolve_run_dir()  # the same collective as a real run; nothing is written into it
-    setup_logging(None, dist.get_rank())  # console only: no log files in the run dir
-    rank, world, settings = dist.get_rank(), dist.get_world_size(), config.trainer
+    setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
+    rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
     data = build_datasets(config.data, seed=config.seed)
@@ -192,13 +192,13 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     })
     # Every rank leaves together: a rank tearing the groups down while its peer is still between the forward's
     # collective and its own teardown could make gloo abort the peer at exit (seen once in 2-process runs).
-    dist.barrier()
+    comm.barrier()
 
 
 def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int,
                  device: torch.device) -> TrainState:
     """Optimizer, LR schedule (fitted to min(epochs, max_steps)), GradScaler and EMA of `model`, as a TrainState."""
-    settings, world = config.trainer, dist.get_world_size()
+    settings, world = config.trainer, comm.get_world_size()
     effective_batch = world * config.data.batch_size * settings.grad_accum_steps
     steps_per_epoch = optimizer_steps_per_epoch(micro_batches, settings.grad_accum_steps)
     total_steps = steps_per_epoch * settings.epochs

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from src import dist
+from src import comm
 from src.engine.hooks import Hook, TrainerView
 from src.models.config import NormConfig
 from src.syncbn import create_rank_groups, create_stats_group, set_optimizer_step
@@ -31,7 +31,7 @@ def buffer_sync_mode(cfg: Any) -> str:
     """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
     when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
     per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
-    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
+    if per_rank_statistics(cfg.norm, comm.get_world_size()) and not cfg.trainer.broadcast_buffers:
         return cfg.trainer.norm_buffer_sync
     return "none"
 
@@ -42,7 +42,7 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
     Needed only for per-rank BN (norm=bn without DDP's broadcast_buffers): each rank's running stats
     then saw only its own shard. Returns the number of layers synchronised (a collective).
     """
-    if mode == "none" or dist.get_world_size() == 1:
+    if mode == "none" or comm.get_world_size() == 1:
         return 0
     layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
               and m.running_mean is not None]
@@ -50,9 +50,9 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
         for buf in (layer.running_mean, layer.running_var):
             if mode == "reduce":
                 flat = buf.detach().double()
-                dist.all_reduce(flat, "mean")
+                comm.all_reduce(flat, "mean")
             else:
-                flat = dist.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
+                flat = comm.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
             buf.copy_(flat.to(buf.dtype))
     return len(layers)
 
@@ -69,7 +69,7 @@ class NormSync:
         self.model = model
         self.norm_cfg = norm_cfg
         self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
-        if norm_cfg.name == "syncbn" and dist.is_initialized():
+        if norm_cfg.name == "syncbn" and comm.is_initialized():
             if norm_cfg.group_size is not None:
                 create_rank_groups(norm_cfg.group_size, timeout_s)
             else:

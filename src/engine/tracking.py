@@ -1,6 +1,6 @@
 """Run outputs on rank 0: metrics.jsonl (one JSON object per line), TensorBoard events, experiment trackers.
 
-Metrics arrive already reduced across ranks (src.dist.reduce_dict in the loop); every other rank
+Metrics arrive already reduced across ranks (src.comm.reduce_dict in the loop); every other rank
 gets a tracker that does nothing, so callers never branch on the rank. metrics.jsonl is written here,
 synchronously, whatever `logger=` says (it is the contract); TensorBoard's SummaryWriter has its own
 writer thread. MLflow, W&B and CSV (src/engine/trackers/) get each row through their own bounded

@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.engine.checkpoint.files import load_checkpoint
 from src.engine.seeding import capture_rng_state, restore_rng_state
 
@@ -85,7 +85,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "epoch": p.epoch, "step": p.step, "sampler": {"epoch": p.epoch, "micro_batch": p.micro_batch},
-            "rng": dist.all_gather_object(capture_rng_state()), "world_size": dist.get_world_size(),
+            "rng": comm.all_gather_object(capture_rng_state()), "world_size": comm.get_world_size(),
             "config": self.config, "metrics": dict(self.metrics), "best": [list(b) for b in self.best],
             "class_names": list(self.class_names),
             "trackers": {k: dict(v) for k, v in dict(self.trackers).items()},  # a copy: the tracker thread adds to it
@@ -117,17 +117,17 @@ class TrainState:
         self.trackers.update({k: dict(v) for k, v in (ckpt.get("trackers") or {}).items()})
         self.early_stop = dict(ckpt.get("early_stop") or {})
         rng = ckpt.get("rng") or []
-        if len(rng) == dist.get_world_size():
-            restore_rng_state(rng[dist.get_rank()])
+        if len(rng) == comm.get_world_size():
+            restore_rng_state(rng[comm.get_rank()])
         else:
             log.warning("%s has RNG states for %d process(es), this run has %d: RNG not restored "
                         "(data order and augmentation do not depend on it)", source, len(rng),
-                        dist.get_world_size())
+                        comm.get_world_size())
 
     def _map_sampler_position(self, ckpt: dict[str, Any]) -> None:
         """With another world size or batch size, resume at the same sample position of the epoch."""
         old_global = int(ckpt.get("world_size", 1)) * int(ckpt["config"]["data"]["batch_size"])
-        new_global = dist.get_world_size() * int(self.config["data"]["batch_size"])
+        new_global = comm.get_world_size() * int(self.config["data"]["batch_size"])
         p = self.progress
         if old_global != new_global and p.micro_batch:
             p.micro_batch = p.micro_batch * old_global // new_global
