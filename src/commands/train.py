@@ -76,10 +76,10 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         setup_logging(run_dir, comm.get_rank())
         main = comm.is_main_process()
         tracker = Tracker(run_dir, enabled=main,
-                          tensorboard=config.trainer.tensorboard and config.logger.tensorboard is not None,
-                          sinks=build_sinks(config.logger) if main else (), queue_size=config.logger.queue_size,
-                          finish_timeout_s=config.logger.finish_timeout_s,
-                          abort_timeout_s=config.logger.abort_timeout_s)
+                          tensorboard=config.trainer.tensorboard and config.tracker.tensorboard is not None,
+                          sinks=build_sinks(config.tracker) if main else (), queue_size=config.tracker.queue_size,
+                          finish_timeout_s=config.tracker.finish_timeout_s,
+                          abort_timeout_s=config.tracker.abort_timeout_s)
         log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, comm.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:
@@ -137,7 +137,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config))
     trainer.train()
-    if state.best:  # logger.mlflow.log_best_checkpoint: the best-k best, once training has ended
+    if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
         tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
