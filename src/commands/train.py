@@ -28,7 +28,7 @@ from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
 from src.engine.losses import build_loss
 from src.engine.norm_health import check_norm_health
-from src.engine.norm_sync import NormSync, NormSyncHook, buffer_sync_mode
+from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_groups
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
@@ -118,7 +118,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, config.data, rank, world)
 
-    model, norm_sync = _build_model(config, data.num_classes, device)
+    model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
     state = _build_state(config, model, len(train_loader), device)
@@ -132,7 +132,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
-                      hooks=build_hooks(config, task, data, val_loader, tracker, device, norm_sync),
+                      hooks=build_hooks(config, task, data, val_loader, tracker, device),
                       saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config))
@@ -142,7 +142,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
 
-def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> tuple[torch.nn.Module, NormSync]:
+def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> torch.nn.Module:
     """The model as training starts from it: the same initial weights on every rank, norm groups formed."""
     seed_everything(config.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(config.model, config.norm, num_classes).to(device, PRECISIONS[config.trainer.dtype])
@@ -150,11 +150,11 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     if config.trainer.activation_checkpointing:
         regions = enable_activation_checkpointing(model, MODELS.get(config.model.name).info["family"])
         log.info("activation checkpointing: %s", ", ".join(regions))
-    norm_sync = NormSync(model, config.norm, config.trainer.dist_timeout_s)  # collective with norm.group_size
+    create_norm_groups(config.norm, config.trainer.dist_timeout_s)  # a collective
     if config.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     seed_everything(config.seed + comm.get_rank())  # everything random from here (dropout, MixUp) differs per rank
-    return model, norm_sync
+    return model
 
 
 def _dry_run(config: TrainConfig, device: torch.device) -> None:
@@ -170,7 +170,7 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     if len(train_loader) == 0:
         raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")
-    model, _ = _build_model(config, data.num_classes, device)
+    model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
     images, targets = next(iter(train_loader))
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
@@ -215,11 +215,11 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
 
 
 def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: Any, tracker: Tracker,
-                device: torch.device, norm_sync: NormSync) -> list[Hook]:
+                device: torch.device) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
     evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
-    hooks: list[Hook] = [NormSyncHook(norm_sync), MetricsHook(tracker, settings.log_every),
+    hooks: list[Hook] = [NormSyncHook(config.norm), MetricsHook(tracker, settings.log_every),
                          StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, config)))

@@ -57,41 +57,36 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
     return len(layers)
 
 
-class NormSync:
-    """The training loop's side of norm=syncbn's groups and modes, for one model (one object per run).
+def create_norm_groups(norm_cfg: NormConfig, timeout_s: float | None = None) -> None:
+    """Create norm=syncbn's process groups: norm.group_size's rank groups, else one group for SyncBN's
+    statistics alone; nothing for other norms or without a process group.
 
-    Built on every rank after init_distributed and the model build: creates norm.group_size's groups (a
-    collective; every rank creates every group once). `on_step(step)` tells the layers how many optimizer
-    steps are done (norm.sync_until_step); call it after each step and after a resume.
+    A collective: every rank calls it once, after init_distributed and before the first forward (every rank
+    creates every group).
     """
-
-    def __init__(self, model: nn.Module, norm_cfg: NormConfig, timeout_s: float | None = None) -> None:
-        self.model = model
-        self.norm_cfg = norm_cfg
-        self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
-        if norm_cfg.name == "syncbn" and comm.is_initialized():
-            if norm_cfg.group_size is not None:
-                create_rank_groups(norm_cfg.group_size, timeout_s)
-            else:
-                # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
-                # (docs/benchmarks.md, "SyncBN's synchronisation cost").
-                create_stats_group(timeout_s)
-
-    def on_step(self, step: int) -> None:
-        """Optimizer steps done so far (the same number on every rank)."""
-        if self.tracks_steps:
-            set_optimizer_step(self.model, step)
+    if norm_cfg.name != "syncbn" or not comm.is_initialized():
+        return
+    if norm_cfg.group_size is not None:
+        create_rank_groups(norm_cfg.group_size, timeout_s)
+    else:
+        # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
+        # (docs/benchmarks.md, "SyncBN's synchronisation cost").
+        create_stats_group(timeout_s)
 
 
 class NormSyncHook(Hook):
     """Tells norm=syncbn's layers how many optimizer steps are done (norm.sync_until_step), after a resume
     and after every step; a no-op for every other norm setting."""
 
-    def __init__(self, norm_sync: NormSync) -> None:
-        self.norm_sync = norm_sync
+    def __init__(self, norm_cfg: NormConfig) -> None:
+        self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
 
     def before_train(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
+        self._tell_step(trainer)
 
     def after_step(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
+        self._tell_step(trainer)
+
+    def _tell_step(self, trainer: TrainerView) -> None:
+        if self.tracks_steps:  # the same number on every rank
+            set_optimizer_step(trainer.state.model, trainer.state.progress.step)
