@@ -1,9 +1,11 @@
 """Export a trained model: `python export.py ckpt=PATH format=onnx|exported_program|torchscript out=FILE`."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
 from src.commands.export import run
+from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
 
 
 @hydra.main(config_path="conf", config_name="export", version_base=None)
@@ -13,4 +15,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_renamed_groups(sys.argv[1:])
     main()

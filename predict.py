@@ -1,11 +1,13 @@
 """Predict new images: `python predict.py ckpt=PATH input=DIR_OR_FILE out=DIR [topk=5] [ema=true]`, or the
 same under `torchrun --nproc_per_node=W` (each image is predicted once, whatever W)."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-import src.config  # noqa: F401  (registers the training schema the stored config is validated against)
 from src.commands.predict import run
+from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
 
 
 @hydra.main(config_path="conf", config_name="predict", version_base=None)
@@ -16,4 +18,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_renamed_groups(sys.argv[1:])
     main()

@@ -1,10 +1,12 @@
 """Train a model: `python train.py [overrides]` (one process) or `torchrun --nproc_per_node=W train.py`."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-import src.config  # noqa: F401  (registers the structured-config schema used by conf/train.yaml)
 from src.commands.train import run
+from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
 
 
 @hydra.main(config_path="conf", config_name="train", version_base=None)
@@ -15,4 +17,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_renamed_groups(sys.argv[1:])
     main()

@@ -104,12 +104,12 @@ def paired(norm: str, rounds: int, mode: str, channels_last: bool = False) -> di
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from src import dist
+    from src import comm
     from src.models import build_model
     from src.models.config import ModelConfig, NormConfig
 
     torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(dist.get_rank())
+    gen = torch.Generator().manual_seed(comm.get_rank())
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(64, 3, 32, 32, generator=gen).contiguous(memory_format=fmt)
     y = torch.randint(0, 6, (64,), generator=gen)
@@ -118,7 +118,7 @@ def paired(norm: str, rounds: int, mode: str, channels_last: bool = False) -> di
         torch.manual_seed(0)
         model = build_model(ModelConfig(name="resnet20"), NormConfig(name=norm), 6).to(memory_format=fmt)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)  # as the trainer
-        forward = DistributedDataParallel(model) if dist.get_world_size() > 1 else model
+        forward = DistributedDataParallel(model) if comm.get_world_size() > 1 else model
         if name == "compiled":
             forward = torch.compile(forward, mode=None if mode == "default" else mode)
 
@@ -136,7 +136,7 @@ def paired(norm: str, rounds: int, mode: str, channels_last: bool = False) -> di
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     for r in range(rounds):
         for name in (("eager", "compiled") if r % 2 else ("compiled", "eager")):
-            dist.barrier()
+            comm.barrier()
             t0 = time.perf_counter()
             steps[name]()
             steps[name]()
@@ -221,11 +221,11 @@ def main() -> None:
     if args.paired_worker:  # one rank of --paired --world N, under torchrun
         import torch
 
-        from src import dist, process_group
+        from src import comm, process_group
 
         process_group.init_distributed(torch.device("cpu"), timeout_s=1800.0, init_timeout_s=300.0)
         results = [paired(norm, args.rounds, args.mode, args.channels_last) for norm in args.norms.split(",")]
-        if dist.get_rank() == 0:
+        if comm.get_rank() == 0:
             Path(args.out).write_text(json.dumps(results))
         process_group.destroy()
         return

@@ -74,7 +74,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from src import dist, process_group
+    from src import comm, process_group
     from src.config import TrainerConfig
     from src.data import build_datasets, build_train_loader
     from src.data.config import DataConfig
@@ -82,10 +82,10 @@ def baseline_worker(args: argparse.Namespace) -> None:
     from src.models.config import ModelConfig, NormConfig
 
     device = torch.device("cpu")
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // dist.get_local_world_size()))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // comm.get_local_world_size()))
     trainer = TrainerConfig()  # the trainer's own timeouts
     process_group.init_distributed(device, timeout_s=trainer.dist_timeout_s, init_timeout_s=trainer.dist_init_timeout_s)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = comm.get_rank(), comm.get_world_size()
     data_cfg = DataConfig(name="shapes", batch_size=args.batch, train_size=args.train_size, val_size=100,
                           num_classes=8)
     data = build_datasets(data_cfg, seed=0)

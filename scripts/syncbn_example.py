@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
 
-from src import dist, process_group  # noqa: E402  (the repo's gateway to torch.distributed, and forming its group)
+from src import comm, process_group  # noqa: E402  (the repo's gateway to torch.distributed, and forming its group)
 from src.syncbn import SyncBatchNorm2d, convert_sync_batchnorm  # noqa: E402
 
 
@@ -27,7 +27,7 @@ def main() -> None:
     """Train a few steps with uneven per-rank batches and check the synchronised statistics."""
     device = process_group.select_device("auto")
     process_group.init_distributed(device, timeout_s=120, init_timeout_s=120)  # no-op without torchrun
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = comm.get_rank(), comm.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank
     model = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
@@ -54,13 +54,13 @@ def main() -> None:
         feats = net[0](x)
         check = SyncBatchNorm2d(8, momentum=1.0).to(device)
         check(feats)
-        everything = torch.cat(dist.all_gather_tensor(feats))  # the concatenated batch
+        everything = torch.cat(comm.all_gather_tensor(feats))  # the concatenated batch
     torch.testing.assert_close(check.running_mean, everything.mean((0, 2, 3)), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(check.running_var, everything.var((0, 2, 3)), atol=1e-5, rtol=1e-5)
     print(f"rank {rank}/{world}: batch of {rank + 2}, statistics match the concatenated batch of "
           f"{everything.shape[0]}; BN running_mean[:3] = {net[1].running_mean[:3].tolist()}")
     if world > 1:
-        dist.barrier()
+        comm.barrier()
     process_group.destroy()
     if rank == 0:
         print("ok: SyncBatchNorm2d trained on", world, "process(es) with uneven batches")

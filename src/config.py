@@ -8,8 +8,10 @@ every rank with a message that names the key instead of hanging a job.
 from __future__ import annotations
 
 import os
+import re
+import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -17,10 +19,10 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from src.data import dataset_task
 from src.data.config import DataConfig
-from src.logger_config import LoggerConfig
 from src.local_gpus import check_processes_fit_gpus
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.signal_names import parse_signals
+from src.tracker_config import TrackerConfig
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "poly")
@@ -247,8 +249,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    # Experiment trackers (conf/logger/); conf/train.yaml selects logger=tensorboard by default.
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # Experiment trackers (conf/tracker/); conf/train.yaml selects tracker=tensorboard by default.
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -256,6 +258,34 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 # in every torchrun process; conf/train.yaml uses this so that only rank 0 writes .hydra/ into the run dir.
 OmegaConf.register_new_resolver("on_rank_zero", lambda value: value if os.environ.get("RANK", "0") == "0" else None,
                                 replace=True)
+
+
+# Config groups renamed since runs were made with them: old name -> new name. The command line is checked
+# (refuse_renamed_groups) and a checkpoint's stored config is read with the new names
+# (src/engine/checkpoint/state.py), so old runs still evaluate, predict and resume.
+RENAMED_GROUPS = {"logger": "tracker"}
+# What each new group holds, with examples, for the message that refuses the old name.
+_RENAMED_HINTS = {"tracker": "the trackers' config group is now `tracker` (tracker=tensorboard, "
+                             "tracker=[tensorboard,mlflow], tracker.mlflow.experiment=NAME)"}
+# An override's group or top-level key: `logger=x`, `logger.a.b=x`, `+logger=x`, `++logger.a=x`, `~logger`,
+# `logger@pkg=x`.
+_OVERRIDE_KEY = re.compile(r"^(?:~|\+\+|\+)?([A-Za-z_]\w*)(?=[.=@]|$)")
+
+
+def refuse_renamed_groups(argv: Sequence[str]) -> None:
+    """Exit (status 1) with a message naming the new group when an override uses a renamed one.
+
+    Every entry point (train.py, evaluate.py, predict.py, export.py) calls it on its command line before
+    Hydra composes anything, so neither Hydra's "Could not find 'logger'" nor a process group comes first.
+    """
+    for arg in argv:
+        match = _OVERRIDE_KEY.match(arg)
+        new = RENAMED_GROUPS.get(match.group(1)) if match else None
+        if new is not None:
+            old = match.group(1)
+            fixed = arg[:match.start(1)] + new + arg[match.end(1):]
+            sys.exit(f"error: {arg}: {_RENAMED_HINTS.get(new, f'the config group is now `{new}`')}; "
+                     f"rename {old}... to {new}... (here: {fixed})")
 
 
 def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> TrainConfig:
@@ -290,7 +320,7 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
             check_processes_fit_gpus(typed.device)
         except RuntimeError as err:
             raise ValueError(str(err)) from None
-    for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.logger):
+    for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.tracker):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
     # not at the first forward.

@@ -2,7 +2,7 @@
 
 torchrun (or an srun wrapper) describes the launch in environment variables; `init_distributed` turns
 them into the default process group, safely across restarts, within a timeout that names who is missing.
-The collectives that run over the group are src/dist.py's; this module is only called by the command
+The collectives that run over the group are src/comm.py's; this module is only called by the command
 bodies (src/commands/) and scripts, before the first collective and after the last.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from src.dist import get_local_rank, is_initialized
+from src.comm import get_local_rank, is_initialized
 from src.local_gpus import check_processes_fit_gpus
 
 

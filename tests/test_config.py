@@ -1,6 +1,8 @@
 """Every config group option composes with Hydra's compose API and validates; bad configs fail with the key."""
 from __future__ import annotations
 
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import src.config  # noqa: F401  (registers train_schema)
-from src.config import TrainConfig, validate_config
+from src.config import TrainConfig, refuse_renamed_groups, validate_config
 from src.data import dataset_task
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -148,3 +150,22 @@ def test_activation_checkpointing_refuses_compile_and_unknown_torchvision_stages
     assert validate_config(_compose([on, "model=torchvision", "model.arch=resnext50_32x4d"]))
     with pytest.raises(ValueError, match="model.arch=vgg11: only torchvision's ResNet family"):
         validate_config(_compose([on, "model=torchvision", "model.arch=vgg11"]))
+
+
+@pytest.mark.parametrize("script,override,fixed", [
+    ("train.py", "logger=[tensorboard,mlflow]", "tracker=[tensorboard,mlflow]"),
+    ("evaluate.py", "+logger.mlflow.experiment=x", "+tracker.mlflow.experiment=x"),
+    ("predict.py", "logger.queue_size=3", "tracker.queue_size=3"),
+    ("export.py", "~logger", "~tracker"),
+])
+def test_the_old_trackers_group_name_is_refused_by_every_entry_point_naming_the_new_one(
+        script: str, override: str, fixed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The script runs as `python SCRIPT ARGS` would: the refusal comes before Hydra (whose own errors exit
+    # with a number, not this message) and before any process group.
+    monkeypatch.setattr(sys, "argv", [script, "trainer.num_threads=1", override])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(CONF.parent / script), run_name="__main__")
+    message = str(exit_.value.code)
+    assert "config group is now `tracker`" in message and "tracker=[tensorboard,mlflow]" in message
+    assert f"(here: {fixed})" in message
+    refuse_renamed_groups(["tracker=mlflow", "loggers=1", "trainer.logger=1", "-m", "hydra/job_logging=none"])

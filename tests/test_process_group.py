@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from src import dist, process_group
+from src import comm, process_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,12 +32,12 @@ def _free_port() -> int:
 _LAUNCHED_WORKER = r"""
 import os, sys, time
 import torch
-from src import dist, process_group
+from src import comm, process_group
 start = time.monotonic()
 try:
     process_group.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=float(sys.argv[1]))
-    t = torch.tensor([float(dist.get_rank() + 1)])
-    dist.all_reduce(t)
+    t = torch.tensor([float(comm.get_rank() + 1)])
+    comm.all_reduce(t)
     print("SUM", t.item(), flush=True)
     process_group.destroy()
 except process_group.ProcessGroupInitError as err:
@@ -123,4 +123,4 @@ def test_lone_slurm_tasks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         process_group.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=60)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # one task per job: a plain one-process run
     process_group.init_distributed(torch.device("cpu"), timeout_s=60, init_timeout_s=60)
-    assert not dist.is_initialized()
+    assert not comm.is_initialized()

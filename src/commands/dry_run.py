@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.checkpoint.trained_run import TrainedRun
 from src.models import count_norm_layers
@@ -65,14 +65,14 @@ def trained_run_facts(trained: TrainedRun, loader: Any, action: str) -> dict[str
         "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
                  f"norm={trained.trained_norm}, {action} with norm={config.norm.name}",
         **model_facts(trained.model),
-        "world size": f"{dist.get_world_size()} process(es) on {trained.device}",
+        "world size": f"{comm.get_world_size()} process(es) on {trained.device}",
         "first batch": f"{shape} (rank 0)",
     }
 
 
 def print_summary(title: str, facts: dict[str, Any]) -> None:
     """Print `facts` as aligned `key: value` lines under `title`, on rank 0 only."""
-    if not dist.is_main_process():
+    if not comm.is_main_process():
         return
     width = max(len(key) for key in facts)
     lines = [f"dry run ({title}): config valid, model and data built, one batch forward; nothing written"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from src import dist, process_group
+from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.data import DataBundle, build_datasets, build_eval_loader
 from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
@@ -31,24 +31,24 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise ValueError(f"ckpt is required: {USAGE}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
-    owns_group = not dist.is_initialized()
+    owns_group = not comm.is_initialized()
     process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     try:
         if device.type == "cpu":  # as in training: this process's share of the node's cores
-            configure_threads(config.trainer.num_threads, dist.get_local_world_size())
+            configure_threads(config.trainer.num_threads, comm.get_local_world_size())
         bundle = build_datasets(config.data, seed=config.seed)  # downloads once per node (zero_first inside)
         _check_class_count(trained, bundle)
-        loader = build_eval_loader(bundle.val, config.data, dist.get_rank(), dist.get_world_size())
+        loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size())
         if config.trainer.dry_run:
             _dry_run(trained, bundle, loader)
             return {}
         metrics = evaluate(trained.model, loader, trained.task, bundle.num_classes, device, amp=config.trainer.amp,
                            ignore_index=bundle.ignore_index, export=cfg.export, class_names=list(bundle.class_names))
-        if dist.is_main_process():
+        if comm.is_main_process():
             record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
                       "checkpoint": str(trained.path), "weights": trained.weights,
-                      "world_size": dist.get_world_size()}
+                      "world_size": comm.get_world_size()}
             print(metrics_table(record, metrics), flush=True)
             if cfg.out:
                 out = Path(str(cfg.out))
@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 # NaN (absent classes) is written as the JSON extension NaN, as json.dumps does by default.
                 out.write_text(json.dumps(record, indent=2) + "\n")
                 print(f"metrics written to {out}", flush=True)
-        dist.barrier()
+        comm.barrier()
         return metrics
     finally:
         if owns_group:

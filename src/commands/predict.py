@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from src import dist, process_group
+from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
 from src.config import TrainConfig
@@ -48,12 +48,12 @@ def run(cfg: DictConfig) -> Path:
     config, device = trained.config, trained.device
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
-    owns_group = not dist.is_initialized()
+    owns_group = not comm.is_initialized()
     process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     try:
         if device.type == "cpu":
-            configure_threads(config.trainer.num_threads, dist.get_local_world_size())
+            configure_threads(config.trainer.num_threads, comm.get_local_world_size())
         loader = _loader(config, trained.task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)
@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> Path:
             written = _classify(trained, loader, relative, min(int(cfg.topk), len(trained.class_names)), out_dir)
         else:
             written = _segment(trained, loader, relative, out_dir)
-        dist.barrier()
+        comm.barrier()
         return written
     finally:
         if owns_group:
@@ -91,7 +91,7 @@ def _loader(config: TrainConfig, task: str, base: Path, relative: list[Path], ba
     if num_workers > 0:
         kwargs["persistent_workers"] = False
     return DataLoader(dataset, batch_size=batch_size, drop_last=False,
-                      sampler=ExactEvalSampler(len(dataset), dist.get_rank(), dist.get_world_size()), **kwargs)
+                      sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
 
 
 def _forward(trained: TrainedRun, images: torch.Tensor) -> torch.Tensor:
@@ -111,14 +111,14 @@ def _classify(trained: TrainedRun, loader: DataLoader, relative: list[Path], k: 
         probs = _forward(trained, images).softmax(dim=1)
         top = probs.topk(k, dim=1)
         rows += [(int(i), c.tolist(), p.tolist()) for i, c, p in zip(indices, top.indices.cpu(), top.values.cpu())]
-    gathered = sorted(r for part in dist.all_gather_object(rows) for r in part)
+    gathered = sorted(r for part in comm.all_gather_object(rows) for r in part)
     check_each_index_once([r[0] for r in gathered], len(relative), "inputs", EACH_ONCE_HINT)
     path = out_dir / PREDICTIONS_CSV
-    if dist.is_main_process():
+    if comm.is_main_process():
         names = trained.class_names
         write_predictions_csv(path, [relative[i].as_posix() for i, _, _ in gathered],
                               [[names[c] for c in cs] for _, cs, _ in gathered], [ps for _, _, ps in gathered])
-        print(f"predicted {len(gathered)} image(s) on {dist.get_world_size()} process(es): {path}", flush=True)
+        print(f"predicted {len(gathered)} image(s) on {comm.get_world_size()} process(es): {path}", flush=True)
     return path
 
 
@@ -138,9 +138,9 @@ def _segment(trained: TrainedRun, loader: DataLoader, relative: list[Path], out_
 
     seen = gather_masks(masks(), len(loader), write)
     check_each_index_once(seen, len(relative), "inputs", EACH_ONCE_HINT)
-    if dist.is_main_process():
+    if comm.is_main_process():
         legend = ", ".join(f"{i}={n}" for i, n in enumerate(trained.class_names))
-        print(f"predicted {len(seen)} mask(s) on {dist.get_world_size()} process(es) under {out_dir} "
+        print(f"predicted {len(seen)} mask(s) on {comm.get_world_size()} process(es) under {out_dir} "
               f"(palette PNGs, pixel value = class: {legend})", flush=True)
     return out_dir
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
-from src import dist, process_group
+from src import comm, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
@@ -28,7 +28,7 @@ from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
 from src.engine.losses import build_loss
 from src.engine.norm_health import check_norm_health
-from src.engine.norm_sync import NormSync, NormSyncHook, buffer_sync_mode
+from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_groups
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
@@ -60,7 +60,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     # Before any process group: a typo fails fast on every rank.
     config = validate_config(cfg, world_size=process_group.launch_world_size())
     device = process_group.select_device(config.device)
-    threads = configure_threads(config.trainer.num_threads, dist.get_local_world_size()) if device.type == "cpu" else 0
+    threads = configure_threads(config.trainer.num_threads, comm.get_local_world_size()) if device.type == "cpu" else 0
     process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
     if config.trainer.dry_run:
@@ -73,14 +73,14 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
     status = FAILED  # how the tracker runs end unless training gets to its end
     try:
         run_dir = resolve_run_dir()
-        setup_logging(run_dir, dist.get_rank())
-        main = dist.is_main_process()
+        setup_logging(run_dir, comm.get_rank())
+        main = comm.is_main_process()
         tracker = Tracker(run_dir, enabled=main,
-                          tensorboard=config.trainer.tensorboard and config.logger.tensorboard is not None,
-                          sinks=build_sinks(config.logger) if main else (), queue_size=config.logger.queue_size,
-                          finish_timeout_s=config.logger.finish_timeout_s,
-                          abort_timeout_s=config.logger.abort_timeout_s)
-        log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, dist.get_world_size(),
+                          tensorboard=config.trainer.tensorboard and config.tracker.tensorboard is not None,
+                          sinks=build_sinks(config.tracker) if main else (), queue_size=config.tracker.queue_size,
+                          finish_timeout_s=config.tracker.finish_timeout_s,
+                          abort_timeout_s=config.tracker.abort_timeout_s)
+        log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, comm.get_world_size(),
                  device, threads or "-")
         if tracker.writer is not None:
             log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
@@ -90,7 +90,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
             failure = compile_failure(err, config) if config.trainer.compile else None
             if failure is not None:
                 raise failure from None  # PyTorch's reason is in the message; its traceback page is not
-            if not dist.is_timeout(err):
+            if not comm.is_timeout(err):
                 raise
             # gloo / NCCL say only "Timed out waiting 20000ms": name the setting and the usual causes.
             raise RuntimeError(
@@ -111,14 +111,14 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
 def _train(config: TrainConfig, device: torch.device, run_dir: Path,
            tracker: Tracker) -> tuple[Trainer, dict[str, float]]:
     """Build data, model and TrainState, resume, assemble the hooks, train; returns the trainer and last metrics."""
-    rank, world, settings = dist.get_rank(), dist.get_world_size(), config.trainer
+    rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
     data = build_datasets(config.data, seed=config.seed)
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, config.data, rank, world)
 
-    model, norm_sync = _build_model(config, data.num_classes, device)
+    model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
     state = _build_state(config, model, len(train_loader), device)
@@ -132,17 +132,17 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
-                      hooks=build_hooks(config, task, data, val_loader, tracker, device, norm_sync),
+                      hooks=build_hooks(config, task, data, val_loader, tracker, device),
                       saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config))
     trainer.train()
-    if state.best:  # logger.mlflow.log_best_checkpoint: the best-k best, once training has ended
+    if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
         tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
     return trainer, state.metrics  # the final evaluation's (training always ends with one)
 
 
-def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> tuple[torch.nn.Module, NormSync]:
+def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> torch.nn.Module:
     """The model as training starts from it: the same initial weights on every rank, norm groups formed."""
     seed_everything(config.seed)  # same seed on every rank before the build: identical initial weights
     model = build_model(config.model, config.norm, num_classes).to(device, PRECISIONS[config.trainer.dtype])
@@ -150,18 +150,18 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     if config.trainer.activation_checkpointing:
         regions = enable_activation_checkpointing(model, MODELS.get(config.model.name).info["family"])
         log.info("activation checkpointing: %s", ", ".join(regions))
-    norm_sync = NormSync(model, config.norm, config.trainer.dist_timeout_s)  # collective with norm.group_size
+    create_norm_groups(config.norm, config.trainer.dist_timeout_s)  # a collective
     if config.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    seed_everything(config.seed + dist.get_rank())  # everything random from here (dropout, MixUp) differs per rank
-    return model, norm_sync
+    seed_everything(config.seed + comm.get_rank())  # everything random from here (dropout, MixUp) differs per rank
+    return model
 
 
 def _dry_run(config: TrainConfig, device: torch.device) -> None:
     """trainer.dry_run: build data, model and its wrapping as training does, one training-mode forward, summary."""
     run_dir = resolve_run_dir()  # the same collective as a real run; nothing is written into it
-    setup_logging(None, dist.get_rank())  # console only: no log files in the run dir
-    rank, world, settings = dist.get_rank(), dist.get_world_size(), config.trainer
+    setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
+    rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
     data = build_datasets(config.data, seed=config.seed)
@@ -170,7 +170,7 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     if len(train_loader) == 0:
         raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")
-    model, _ = _build_model(config, data.num_classes, device)
+    model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
     images, targets = next(iter(train_loader))
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
@@ -192,13 +192,13 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     })
     # Every rank leaves together: a rank tearing the groups down while its peer is still between the forward's
     # collective and its own teardown could make gloo abort the peer at exit (seen once in 2-process runs).
-    dist.barrier()
+    comm.barrier()
 
 
 def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int,
                  device: torch.device) -> TrainState:
     """Optimizer, LR schedule (fitted to min(epochs, max_steps)), GradScaler and EMA of `model`, as a TrainState."""
-    settings, world = config.trainer, dist.get_world_size()
+    settings, world = config.trainer, comm.get_world_size()
     effective_batch = world * config.data.batch_size * settings.grad_accum_steps
     steps_per_epoch = optimizer_steps_per_epoch(micro_batches, settings.grad_accum_steps)
     total_steps = steps_per_epoch * settings.epochs
@@ -215,11 +215,11 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
 
 
 def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: Any, tracker: Tracker,
-                device: torch.device, norm_sync: NormSync) -> list[Hook]:
+                device: torch.device) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
     evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
-    hooks: list[Hook] = [NormSyncHook(norm_sync), MetricsHook(tracker, settings.log_every),
+    hooks: list[Hook] = [NormSyncHook(config.norm), MetricsHook(tracker, settings.log_every),
                          StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None and task == "classification":
         hooks.append(SampleGridHook(partial(_log_grid, tracker, config)))

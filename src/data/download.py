@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from src import dist
+from src import comm
 
 T = TypeVar("T")
 
@@ -19,9 +19,9 @@ def guarded(build: Callable[[], T]) -> T:
     """Run `build` (which may download) on local rank 0 of each node first, then on the other ranks.
 
     The other ranks find the files already there; if the first rank fails, they all raise instead
-    of hanging at a barrier (src.dist.zero_first).
+    of hanging at a barrier (src.comm.zero_first).
     """
-    with dist.zero_first(local=True):
+    with comm.zero_first(local=True):
         return build()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from src import dist
+from src import comm
 from src.config import EarlyStopConfig
 from src.engine.early_stop import EarlyStopState, carried_over, decide
 from src.engine.hooks import Hook
@@ -55,9 +55,9 @@ class EarlyStopHook(Hook):
             raise ValueError(f"trainer.early_stop.metric={self.settings.metric!r} is not among this run's "
                              f"validation metrics {sorted(metrics)}")
         state = EarlyStopState.from_dict(trainer.state.early_stop)
-        if dist.is_main_process():
+        if comm.is_main_process():
             state = decide(self.settings, state, float(metrics[self.settings.name]), trainer.state.progress.step)
-        state = EarlyStopState.from_dict(dist.broadcast_object(state.to_dict()))
+        state = EarlyStopState.from_dict(comm.broadcast_object(state.to_dict()))
         trainer.state.early_stop = state.to_dict()
         if state.stopped:
             trainer.request_stop(state.reason)  # logged by the trainer; the run then ends normally (exit 0)

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from src import dist
+from src import comm
 
 CAUSES = ("Usual causes: a learning rate too high for this batch size (optim.lr; with optim.reference_batch_size "
           "it is scaled by the effective batch), fp16 overflow (trainer.amp=fp16: try bf16, or "
@@ -66,12 +66,12 @@ class FiniteGuard:
                                                                  device=self.device),
                              (~torch.isfinite(norm)).to(device=self.device, dtype=torch.float64)])
         # One collective and one host sync for the whole check.
-        bad_steps, steps, bad_weights = dist.all_reduce(flags, "sum").tolist()
+        bad_steps, steps, bad_weights = comm.all_reduce(flags, "sum").tolist()
         failed = bad_weights > 0 or (bad_steps > 0 and (not self.skipped_steps_allowed or bad_steps >= steps))
         if not failed:
             self._reset()
             return
-        firsts = [row for row in dist.all_gather_tensor(self.first.reshape(1, 3).cpu()) if row[0, 0] >= 0]
+        firsts = [row for row in comm.all_gather_tensor(self.first.reshape(1, 3).cpu()) if row[0, 0] >= 0]
         raise NonFiniteError(_message(firsts, int(bad_steps), int(steps), where, context, _first_bad(weights)))
 
 

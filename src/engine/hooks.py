@@ -28,7 +28,7 @@ Controlling the loop from a hook:
                                     and train.py exits with N once everything is torn down
 
 Both requests are honoured after every hook's after_step, whatever the hook order. Hooks that call
-collectives (anything in src.dist) must make the same calls on every rank at the same step: decide from
+collectives (anything in src.comm) must make the same calls on every rank at the same step: decide from
 state every rank shares (the step count, reduced values), never from something only one rank saw.
 
 Adding a hook: subclass Hook (or write any object with these methods), override what you need, and
@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.checkpoint.state import TrainState
 from src.engine.norm_health import check_norm_health
@@ -135,9 +135,9 @@ class MetricsHook(Hook):
         step = trainer.state.progress.step
         if step % self.every:
             return
-        sums = dist.reduce_dict({"loss_sum": float(self.loss_sum), "images": float(self.images),
+        sums = comm.reduce_dict({"loss_sum": float(self.loss_sum), "images": float(self.images),
                                  "seconds": self.step_seconds, "data_seconds": self.data_seconds}, average=False)
-        world = dist.get_world_size()
+        world = comm.get_world_size()
         metrics = {"loss": sums["loss_sum"] / max(sums["images"], 1.0), "lr": current_lr(trainer.state.optimizer),
                    # images of all ranks over the time a rank spent in training steps (evaluation excluded)
                    "throughput": sums["images"] / max(sums["seconds"] / world, 1e-9),

@@ -12,7 +12,7 @@ import logging
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.models import count_norm_layers
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def tensor_digests(model: nn.Module) -> dict[str, str]:
 
 def mismatched_tensors(model: nn.Module) -> list[str]:
     """Names of parameters/buffers that are not bit-identical on all ranks (a collective: call on every rank)."""
-    per_rank = dist.all_gather_object(tensor_digests(model))
+    per_rank = comm.all_gather_object(tensor_digests(model))
     reference = per_rank[0]
     return sorted({name for digests in per_rank[1:] for name, d in digests.items() if reference.get(name) != d})
 
@@ -42,7 +42,7 @@ def check_norm_health(model: nn.Module, when: str, strict: bool) -> list[str]:
     summary = ", ".join(f"{n} x{c}" for n, c in counts.items()) or "no norm layers"
     if not bad:
         log.info("norm health (%s): %s; parameters and buffers identical on %d rank(s)", when, summary,
-                 dist.get_world_size())
+                 comm.get_world_size())
         return bad
     message = (f"norm health ({when}): {len(bad)} tensors differ across ranks, e.g. {bad[:5]} "
                f"(norm layers: {summary})")

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from src import dist
+from src import comm
 from src.engine.hooks import Hook, TrainerView
 from src.models.config import NormConfig
 from src.syncbn import create_rank_groups, create_stats_group, set_optimizer_step
@@ -31,7 +31,7 @@ def buffer_sync_mode(cfg: Any) -> str:
     """How per-rank BN statistics are made equal before evaluations and checkpoints: trainer.norm_buffer_sync
     when they can differ (norm=bn, or syncbn with small groups or a communication-saving mode; see
     per_rank_statistics) and DDP does not broadcast buffers every forward, else "none"."""
-    if per_rank_statistics(cfg.norm, dist.get_world_size()) and not cfg.trainer.broadcast_buffers:
+    if per_rank_statistics(cfg.norm, comm.get_world_size()) and not cfg.trainer.broadcast_buffers:
         return cfg.trainer.norm_buffer_sync
     return "none"
 
@@ -42,7 +42,7 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
     Needed only for per-rank BN (norm=bn without DDP's broadcast_buffers): each rank's running stats
     then saw only its own shard. Returns the number of layers synchronised (a collective).
     """
-    if mode == "none" or dist.get_world_size() == 1:
+    if mode == "none" or comm.get_world_size() == 1:
         return 0
     layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
               and m.running_mean is not None]
@@ -50,48 +50,43 @@ def sync_bn_buffers(model: nn.Module, mode: str) -> int:
         for buf in (layer.running_mean, layer.running_var):
             if mode == "reduce":
                 flat = buf.detach().double()
-                dist.all_reduce(flat, "mean")
+                comm.all_reduce(flat, "mean")
             else:
-                flat = dist.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
+                flat = comm.all_gather_tensor(buf.detach().reshape(1, -1))[0].reshape(buf.shape)
             buf.copy_(flat.to(buf.dtype))
     return len(layers)
 
 
-class NormSync:
-    """The training loop's side of norm=syncbn's groups and modes, for one model (one object per run).
+def create_norm_groups(norm_cfg: NormConfig, timeout_s: float | None = None) -> None:
+    """Create norm=syncbn's process groups: norm.group_size's rank groups, else one group for SyncBN's
+    statistics alone; nothing for other norms or without a process group.
 
-    Built on every rank after init_distributed and the model build: creates norm.group_size's groups (a
-    collective; every rank creates every group once). `on_step(step)` tells the layers how many optimizer
-    steps are done (norm.sync_until_step); call it after each step and after a resume.
+    A collective: every rank calls it once, after init_distributed and before the first forward (every rank
+    creates every group).
     """
-
-    def __init__(self, model: nn.Module, norm_cfg: NormConfig, timeout_s: float | None = None) -> None:
-        self.model = model
-        self.norm_cfg = norm_cfg
-        self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
-        if norm_cfg.name == "syncbn" and dist.is_initialized():
-            if norm_cfg.group_size is not None:
-                create_rank_groups(norm_cfg.group_size, timeout_s)
-            else:
-                # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
-                # (docs/benchmarks.md, "SyncBN's synchronisation cost").
-                create_stats_group(timeout_s)
-
-    def on_step(self, step: int) -> None:
-        """Optimizer steps done so far (the same number on every rank)."""
-        if self.tracks_steps:
-            set_optimizer_step(self.model, step)
+    if norm_cfg.name != "syncbn" or not comm.is_initialized():
+        return
+    if norm_cfg.group_size is not None:
+        create_rank_groups(norm_cfg.group_size, timeout_s)
+    else:
+        # SyncBN's collectives on a group of their own, not queued behind DDP's gradient buckets
+        # (docs/benchmarks.md, "SyncBN's synchronisation cost").
+        create_stats_group(timeout_s)
 
 
 class NormSyncHook(Hook):
     """Tells norm=syncbn's layers how many optimizer steps are done (norm.sync_until_step), after a resume
     and after every step; a no-op for every other norm setting."""
 
-    def __init__(self, norm_sync: NormSync) -> None:
-        self.norm_sync = norm_sync
+    def __init__(self, norm_cfg: NormConfig) -> None:
+        self.tracks_steps = norm_cfg.name == "syncbn" and norm_cfg.sync_until_step is not None
 
     def before_train(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
+        self._tell_step(trainer)
 
     def after_step(self, trainer: TrainerView) -> None:
-        self.norm_sync.on_step(trainer.state.progress.step)
+        self._tell_step(trainer)
+
+    def _tell_step(self, trainer: TrainerView) -> None:
+        if self.tracks_steps:  # the same number on every rank
+            set_optimizer_step(trainer.state.model, trainer.state.progress.step)

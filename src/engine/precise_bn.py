@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from src import dist
+from src import comm
 
 # (n, mean (C,), M2 (C,)): n a host float (counts are exact in float64 up to 2**53), mean and M2 float64 tensors
 Moments = tuple[float, torch.Tensor, torch.Tensor]
@@ -156,7 +156,7 @@ def _repeat(batches: Iterable[Any]) -> Iterator[Any]:
             yield batch
         if empty:
             raise ValueError("precise BatchNorm: the batches to recompute the statistics on are empty on rank "
-                             f"{dist.get_rank()}")
+                             f"{comm.get_rank()}")
 
 
 def _check_ranks_agree(num_batches: int, per_model: list[list[tuple[str, _BatchNorm]]]) -> None:
@@ -164,7 +164,7 @@ def _check_ranks_agree(num_batches: int, per_model: list[list[tuple[str, _BatchN
     if num_batches < 1:
         raise ValueError(f"precise BatchNorm needs at least one batch, got num_batches={num_batches}")
     mine = (num_batches, [[(name, layer.num_features) for name, layer in named] for named in per_model])
-    everyone = dist.all_gather_object(mine)
+    everyone = comm.all_gather_object(mine)
     if any(other != mine for other in everyone):
         counts = [other[0] for other in everyone]
         raise ValueError(f"precise BatchNorm: the ranks disagree on the number of batches {counts} or on the "
@@ -183,7 +183,7 @@ def _merge_over_ranks(local: list[list[Optional[Moments]]],
             n, mean, m2 = m
             parts.extend([torch.tensor([n], dtype=torch.float64), mean.cpu(), m2.cpu()])
     flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-    rows = [row[0].cpu() for row in dist.all_gather_tensor(flat.unsqueeze(0))]  # one [1, L] per rank, rank order
+    rows = [row[0].cpu() for row in comm.all_gather_tensor(flat.unsqueeze(0))]  # one [1, L] per rank, rank order
     merged: list[list[Moments]] = []
     offset = 0
     for named in per_model:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.engine.amp import PRECISIONS, autocast
@@ -60,15 +60,15 @@ class PreciseBNHook(Hook):
         with torch.random.fork_rng(devices=cuda):
             reports = recompute_bn_stats(models, _EpochPasses(trainer.loader, trainer.epoch, self._to_device, images),
                                          self.num_batches, forward)
-        total = int(dist.reduce_dict({"images": float(images[0])}, average=False)["images"])
-        if dist.is_main_process():
+        total = int(comm.reduce_dict({"images": float(images[0])}, average=False)["images"])
+        if comm.is_main_process():
             done = "; ".join(
                 f"{name}: {r.layers} BatchNorm layer(s) recomputed ({r.values} values per channel in the first)"
                 + (f", {len(r.skipped)} left as they were (fewer than 2 values): {', '.join(r.skipped)}"
                    if r.skipped else "")
                 for name, r in zip(("model", "EMA"), reports))
             log.info("precise BN at step %d (%.1fs): %d training batch(es) per process x %d process(es) = %d images; %s",
-                     state.progress.step, reports[0].seconds, self.num_batches, dist.get_world_size(), total, done)
+                     state.progress.step, reports[0].seconds, self.num_batches, comm.get_world_size(), total, done)
 
     def _to_device(self, images: torch.Tensor) -> torch.Tensor:
         images = images.to(self.device, self.dtype, non_blocking=True)

@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any, Callable, Optional, Sequence
 
-from src import dist
+from src import comm
 from src.signal_names import parse_signals
 from src.engine.hooks import Hook, TrainerView
 
@@ -100,7 +100,7 @@ class Preemption:
             return True
         if not self.signals:
             return False
-        if dist.any_rank(self.received is not None):
+        if comm.any_rank(self.received is not None):
             self._agreed = self.received or "a signal on another rank"
             log.warning("%s received: stopping after this optimizer step, on every rank", self._agreed)
             return True

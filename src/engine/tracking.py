@@ -1,8 +1,8 @@
 """Run outputs on rank 0: metrics.jsonl (one JSON object per line), TensorBoard events, experiment trackers.
 
-Metrics arrive already reduced across ranks (src.dist.reduce_dict in the loop); every other rank
+Metrics arrive already reduced across ranks (src.comm.reduce_dict in the loop); every other rank
 gets a tracker that does nothing, so callers never branch on the rank. metrics.jsonl is written here,
-synchronously, whatever `logger=` says (it is the contract); TensorBoard's SummaryWriter has its own
+synchronously, whatever `tracker=` says (it is the contract); TensorBoard's SummaryWriter has its own
 writer thread. MLflow, W&B and CSV (src/engine/trackers/) get each row through their own bounded
 background queue, so a slow tracker never delays a training step.
 """
@@ -31,7 +31,7 @@ class Tracker:
         self.tb_dir = Path(run_dir) / "tensorboard"
         self.writer: Optional[Any] = None
         self.finish_timeout_s, self.abort_timeout_s = finish_timeout_s, abort_timeout_s
-        # MLflow / W&B / CSV, each behind its own queue and thread (rank 0 only; none when no such logger is chosen).
+        # MLflow / W&B / CSV, each behind its own queue and thread (rank 0 only; none when no such tracker is chosen).
         self.background = BackgroundSinks(sinks, queue_size) if enabled and sinks else None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -72,15 +72,15 @@ class Tracker:
     def close(self, status: str = FINISHED) -> None:
         """Close the TensorBoard writer; hand every queued row to the trackers and end their runs with `status`.
 
-        FINISHED waits up to logger.finish_timeout_s for them; KILLED (preemption) and FAILED up to
-        logger.abort_timeout_s, inside the grace time before SIGKILL.
+        FINISHED waits up to tracker.finish_timeout_s for them; KILLED (preemption) and FAILED up to
+        tracker.abort_timeout_s, inside the grace time before SIGKILL.
         """
         if self.writer is not None:
             self.writer.close()
             self.writer = None
         if self.background is not None:
-            key, timeout_s = (("logger.finish_timeout_s", self.finish_timeout_s) if status == FINISHED
-                              else ("logger.abort_timeout_s", self.abort_timeout_s))
+            key, timeout_s = (("tracker.finish_timeout_s", self.finish_timeout_s) if status == FINISHED
+                              else ("tracker.abort_timeout_s", self.abort_timeout_s))
             self.background.close(status, timeout_s, key)
             self.background = None
 

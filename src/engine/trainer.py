@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.engine.accumulation import gradient_sync, micro_step
@@ -117,9 +117,9 @@ class Trainer:
             state.best, best_name, dropped = self.saver.best_k_update(state.best, state.progress.step, state.metrics)
         data = state.state_dict()  # collective (RNG states of every rank)
         path = None
-        if dist.is_main_process() and self.saver is not None:
+        if comm.is_main_process() and self.saver is not None:
             path = self.saver.write(data, best_name, dropped)
-        dist.barrier()  # nobody runs ahead of a checkpoint a restarted job would resume from
+        comm.barrier()  # nobody runs ahead of a checkpoint a restarted job would resume from
         return path
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class Trainer:
             self.loader.batch_sampler.set_start(p.micro_batch)
             self.module.train()
             self._bar = progress(self.loader, total=num_micro_batches - p.micro_batch,
-                                 enabled=self.settings.progress_bar and dist.is_main_process(),
+                                 enabled=self.settings.progress_bar and comm.is_main_process(),
                                  desc=f"epoch {p.epoch}")
             try:
                 self._micro_batches(num_micro_batches)

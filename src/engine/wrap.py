@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from src import dist
+from src import comm
 from src.config import TrainerConfig
 
 
@@ -16,7 +16,7 @@ def wrap_model(model: nn.Module, settings: TrainerConfig, device: torch.device) 
     whether it also re-broadcasts buffers at every forward (forward_sync_buffers). torch.compile, when
     used, belongs around the returned module, so that DDP's gradient buckets see the compiled graph.
     """
-    if dist.get_world_size() == 1:
+    if comm.get_world_size() == 1:
         return model
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -209,7 +209,7 @@ def test_dockerignore_leaves_out_local_state(path: str) -> None:
     assert _excluded(path, _ignore_patterns()), f".dockerignore should exclude {path}"
 
 
-@pytest.mark.parametrize("path", ["train.py", "requirements.txt", "src/dist.py", "src/data/__init__.py",
+@pytest.mark.parametrize("path", ["train.py", "requirements.txt", "src/comm.py", "src/data/__init__.py",
                                   "src/syncbn/build.py", "csrc/syncbn.h", "conf/train.yaml", "scripts"])
 def test_dockerignore_keeps_sources(path: str) -> None:
     assert not _excluded(path, _ignore_patterns()), f".dockerignore must not exclude {path} (the image needs it)"

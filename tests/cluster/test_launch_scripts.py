@@ -156,7 +156,7 @@ def test_sbatch_directives() -> None:
 
 
 def test_launcher_leaves_the_rendezvous_store_setting_to_the_user(tmp_path: Path) -> None:
-    # Restarted workers form their process group on torchrun's shared store (src/dist.py namespaces
+    # Restarted workers form their process group on torchrun's shared store (src/comm.py namespaces
     # it per launch), so the launcher needs no TORCH_DISABLE_SHARE_RDZV_TCP_STORE of its own;
     # test_restarts.py runs restarts with the variable set and unset.
     fake = tmp_path / "torchrun"

@@ -1,4 +1,4 @@
-"""logger=[tensorboard,mlflow,wandb,csv] end to end: a 2-process torchrun job, then a resume, read back with
+"""tracker=[tensorboard,mlflow,wandb,csv] end to end: a 2-process torchrun job, then a resume, read back with
 the trackers' own readers (MlflowClient, W&B's protobuf records, the csv module) against metrics.jsonl."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.support.launch import REPO, TINY, launch, rows
 
 # 64 images / (2 x 8) = 4 optimizer steps per epoch, a train row every step, a val row every epoch.
 JOB = [*TINY, "data.train_size=64", "data.val_size=31", "data.batch_size=8", "norm=bn", "trainer.log_every=1",
-       "logger=[tensorboard,mlflow,wandb,csv]", "logger.mlflow.log_best_checkpoint=true"]
+       "tracker=[tensorboard,mlflow,wandb,csv]", "tracker.mlflow.log_best_checkpoint=true"]
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_a_preempted_run_hands_every_row_to_mlflow_and_closes_its_run_as_killed(
     from tests.cluster.torchrun_harness import job_env, launch_torchrun, wait_until
 
     run_dir = tmp_path / "run"
-    overrides = [*JOB, "logger=[mlflow,csv]", "trainer.epochs=200", f"hydra.run.dir={run_dir}"]
+    overrides = [*JOB, "tracker=[mlflow,csv]", "trainer.epochs=200", f"hydra.run.dir={run_dir}"]
     job = launch_torchrun(["--standalone", "--nproc_per_node=2"], overrides, tmp_path / "job.log", job_env())
     try:
         # The MLflow run is open and training goes on; then a scheduler's SIGTERM reaches torchrun.

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from src import dist
+from src import comm
 from src.config import TrainerConfig
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
 from src.engine.amp import build_scaler
@@ -71,7 +71,7 @@ class _GlobalLoss(Hook):
 
     def after_step(self, trainer: Trainer) -> None:
         out = trainer.last_step
-        sums = dist.reduce_dict({"loss": float(out.loss_sum), "images": float(out.images)}, average=False)
+        sums = comm.reduce_dict({"loss": float(out.loss_sum), "images": float(out.images)}, average=False)
         self.losses.append(sums["loss"] / sums["images"])
 
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import pytest
 
 from src.engine.trackers.background import BackgroundSinks
-from src.logger_config import CsvLoggerConfig, MlflowLoggerConfig
+from src.tracker_config import CsvTrackerConfig, MlflowTrackerConfig
 from src.engine.trackers.csv_sink import CsvSink
 from src.engine.trackers.mlflow_sink import MlflowSink
 from src.engine.trackers.params import flatten_config
@@ -118,9 +118,9 @@ def test_close_gives_up_on_a_hung_tracker_within_its_timeout(tmp_path: Path, cap
     queue.log(_row(1))
     started = time.perf_counter()
     with caplog.at_level(logging.ERROR):
-        queue.close(KILLED, timeout_s=1.0, setting="logger.abort_timeout_s")
+        queue.close(KILLED, timeout_s=1.0, setting="tracker.abort_timeout_s")
     assert time.perf_counter() - started < 5
-    assert "tracker gated did not finish within logger.abort_timeout_s=1s" in caplog.text
+    assert "tracker gated did not finish within tracker.abort_timeout_s=1s" in caplog.text
     sink.gate.set()
 
 
@@ -146,13 +146,13 @@ def test_mlflow_sink_writes_a_real_store_and_reopens_its_run(tmp_path: Path, mon
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     info = RunInfo(tmp_path, {"model": {"name": "resnet20"}, "optim": {"betas": [0.9, 0.999]}, "x": None},
                    {"world_size": "2", "norm": "syncbn", "git_commit": "a" * 40})
-    sink = MlflowSink(MlflowLoggerConfig(experiment="exp"))
+    sink = MlflowSink(MlflowTrackerConfig(experiment="exp"))
     record = sink.start(info, None)
     sink.log({"split": "val", "epoch": 0, "step": 7, "top1": 12.5, "loss": 2, "time": 100.0, "cpu_s": 1.0})
     sink.finish("FINISHED")
     assert record["tracking_uri"] == f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}"
 
-    again = MlflowSink(MlflowLoggerConfig(experiment="exp"))
+    again = MlflowSink(MlflowTrackerConfig(experiment="exp"))
     assert again.start(RunInfo(tmp_path, {**info.config, "seed": 4}, info.tags), record) == record
     again.log({"split": "val", "epoch": 1, "step": 14, "top1": 25.0, "time": 200.0})
     best = tmp_path / "best_step0000014_top125.0000.pt"
@@ -178,7 +178,7 @@ def test_an_unreachable_mlflow_store_fails_loudly_and_training_rows_still_land(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://tracker")
     tracker = Tracker(tmp_path, enabled=True, tensorboard=False,
-                      sinks=[MlflowSink(MlflowLoggerConfig())], finish_timeout_s=30)
+                      sinks=[MlflowSink(MlflowTrackerConfig())], finish_timeout_s=30)
     tracker.start(RunInfo(tmp_path, {}), {})
     tracker.log("train", 0, 1, {"loss": 1.0})
     with caplog.at_level(logging.ERROR):
@@ -189,11 +189,11 @@ def test_an_unreachable_mlflow_store_fails_loudly_and_training_rows_still_land(
 
 def test_csv_sink_widens_its_header_and_a_resume_appends(tmp_path: Path) -> None:
     info = RunInfo(tmp_path, {})
-    sink = CsvSink(CsvLoggerConfig())
+    sink = CsvSink(CsvTrackerConfig())
     sink.start(info, None)
     sink.log({"split": "train", "epoch": 0, "step": 1, "loss": 0.5, "lr": 0.1, "time": 1.0, "cpu_s": 0.0})
     sink.log({"split": "val", "epoch": 0, "step": 1, "loss": 0.25, "top1": 50.0, "time": 2.0})
-    resumed = CsvSink(CsvLoggerConfig())
+    resumed = CsvSink(CsvTrackerConfig())
     resumed.start(info, {"path": str(tmp_path / "metrics.csv")})
     resumed.log({"split": "train", "epoch": 1, "step": 2, "loss": 0.125, "lr": 0.05, "time": 3.0})
     with open(tmp_path / "metrics.csv", newline="") as f:

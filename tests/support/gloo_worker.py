@@ -9,7 +9,7 @@ earlier test on the same worker did:
 - torch's default seed, a freshly seeded `random`/numpy, one torch thread, the default dtype, grad
   mode, deterministic-algorithms flag, environment, working directory, and SyncBN's collective
   counters at zero.
-src/dist.py holds no module state.
+src/comm.py holds no module state.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def _run_task(rank: int, world: int, store: dist.Store, task: Task) -> tuple[str
 
 def serve(rank: int, world: int, store_port: int, conn: Connection, library: Optional[str]) -> None:
     """Worker main loop: answer "ready", then run each task received on `conn` until told to stop."""
-    os.environ.update(  # what torchrun would set; src.dist reads LOCAL_RANK and LOCAL_WORLD_SIZE
+    os.environ.update(  # what torchrun would set; src.comm reads LOCAL_RANK and LOCAL_WORLD_SIZE
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port), RANK=str(rank), WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )

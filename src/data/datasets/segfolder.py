@@ -33,7 +33,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from src import dist
+from src import comm
 from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import IMAGE_EXTENSIONS, MASK_EXTENSIONS, has_extension, list_files, load_mask, load_rgb
@@ -203,12 +203,12 @@ def _inspect(pair: tuple[Path, Path]) -> _Facts:
 
 def _inspect_all(pairs: list[tuple[Path, Path]]) -> list[_Facts]:
     """_inspect of every pair, the work shared among the ranks (a collective when distributed)."""
-    shard = ExactEvalSampler(len(pairs), dist.get_rank(), dist.get_world_size())
+    shard = ExactEvalSampler(len(pairs), comm.get_rank(), comm.get_world_size())
     # Decoding PNGs releases the GIL, so threads help; this node's cores are shared by its ranks.
-    threads = max(1, min(8, (os.cpu_count() or 1) // dist.get_local_world_size()))
+    threads = max(1, min(8, (os.cpu_count() or 1) // comm.get_local_world_size()))
     with ThreadPoolExecutor(max_workers=threads) as pool:
         mine = list(pool.map(_inspect, pairs[shard.start:shard.stop]))
-    return [f for part in dist.all_gather_object(mine) for f in part]
+    return [f for part in comm.all_gather_object(mine) for f in part]
 
 
 def _raise_unreadable(facts: list[_Facts], root: Path) -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from src import dist
+from src import comm
 from src.engine.checkpoint.files import LAST_NAME, checkpoint_file, last_checkpoint
 
 log = logging.getLogger(__name__)
@@ -32,15 +32,15 @@ def resolve_run_dir(default_root: str = "outputs") -> Path:
     if own is None:
         own = Path(default_root) / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     own = own.resolve()
-    run_dir = Path(dist.broadcast_object(str(own) if dist.is_main_process() else None))
+    run_dir = Path(comm.broadcast_object(str(own) if comm.is_main_process() else None))
     if own != run_dir and own.is_dir() and not any(own.iterdir()):
         try:
             os.rmdir(own)  # the empty folder Hydra made for this rank's own timestamp
         except OSError:
             pass
-    if dist.is_main_process():
+    if comm.is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    comm.barrier()
     return run_dir
 
 
@@ -75,7 +75,7 @@ def resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     if resume != "auto":
         return checkpoint_file(resume, "trainer.resume", "; or use auto (the run dir's last.pt) or none")
     found = last_checkpoint(run_dir)
-    if found is not None or not dist.is_main_process():
+    if found is not None or not comm.is_main_process():
         return found
     if run_dir_given():
         log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)

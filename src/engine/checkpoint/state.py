@@ -22,7 +22,8 @@ Format (version FORMAT_VERSION; files without `format_version` are version 0, id
     trackers        {tracker name: {"run_id", ...}}: the experiment-tracker runs a resume continues ({} if none)
     early_stop      trainer.early_stop's state (src/engine/early_stop.py: best, bad_evaluations, stopped, ...)
 
-Checkpoints written before `trackers` and `early_stop` existed load with both empty.
+Checkpoints written before `trackers` and `early_stop` existed load with both empty. A stored config from
+before the trackers' group was renamed holds its settings under `logger`: it is read as `tracker`.
 
 Everything is a tensor, number, string, None or a container of those, so torch.load(weights_only=True)
 reads it: loading a checkpoint never runs pickled code.
@@ -37,7 +38,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from src import dist
+from src import comm
+from src.config import RENAMED_GROUPS
 from src.engine.checkpoint.files import load_checkpoint
 from src.engine.seeding import capture_rng_state, restore_rng_state
 
@@ -85,7 +87,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "epoch": p.epoch, "step": p.step, "sampler": {"epoch": p.epoch, "micro_batch": p.micro_batch},
-            "rng": dist.all_gather_object(capture_rng_state()), "world_size": dist.get_world_size(),
+            "rng": comm.all_gather_object(capture_rng_state()), "world_size": comm.get_world_size(),
             "config": self.config, "metrics": dict(self.metrics), "best": [list(b) for b in self.best],
             "class_names": list(self.class_names),
             "trackers": {k: dict(v) for k, v in dict(self.trackers).items()},  # a copy: the tracker thread adds to it
@@ -117,17 +119,17 @@ class TrainState:
         self.trackers.update({k: dict(v) for k, v in (ckpt.get("trackers") or {}).items()})
         self.early_stop = dict(ckpt.get("early_stop") or {})
         rng = ckpt.get("rng") or []
-        if len(rng) == dist.get_world_size():
-            restore_rng_state(rng[dist.get_rank()])
+        if len(rng) == comm.get_world_size():
+            restore_rng_state(rng[comm.get_rank()])
         else:
             log.warning("%s has RNG states for %d process(es), this run has %d: RNG not restored "
                         "(data order and augmentation do not depend on it)", source, len(rng),
-                        dist.get_world_size())
+                        comm.get_world_size())
 
     def _map_sampler_position(self, ckpt: dict[str, Any]) -> None:
         """With another world size or batch size, resume at the same sample position of the epoch."""
         old_global = int(ckpt.get("world_size", 1)) * int(ckpt["config"]["data"]["batch_size"])
-        new_global = dist.get_world_size() * int(self.config["data"]["batch_size"])
+        new_global = comm.get_world_size() * int(self.config["data"]["batch_size"])
         p = self.progress
         if old_global != new_global and p.micro_batch:
             p.micro_batch = p.micro_batch * old_global // new_global
@@ -136,7 +138,8 @@ class TrainState:
 
 
 def upgrade(ckpt: dict[str, Any], source: str) -> dict[str, Any]:
-    """`ckpt` in the current format: version 0 (no version key) gains it; a newer version is an error."""
+    """`ckpt` in the current format: version 0 (no version key) gains it, renamed config keys get their new
+    names (RENAMED_GROUPS); a newer version is an error."""
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
         raise ValueError(f"{source} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
                          "pass a file from <run dir>/checkpoints/")
@@ -144,7 +147,17 @@ def upgrade(ckpt: dict[str, Any], source: str) -> dict[str, Any]:
     if version > FORMAT_VERSION:
         raise ValueError(f"{source} has checkpoint format {version}, newer than this code's {FORMAT_VERSION}: "
                          "update SyncTrain to read it")
-    return {**ckpt, "format_version": FORMAT_VERSION}
+    return {**ckpt, "format_version": FORMAT_VERSION, "config": _renamed_config_keys(ckpt["config"])}
+
+
+def _renamed_config_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with every renamed group's old key under its new name (a new key, if present, wins), so runs
+    finished before a rename still evaluate, predict, export and resume."""
+    renamed = {k: v for k, v in config.items() if k not in RENAMED_GROUPS}
+    for old, new in RENAMED_GROUPS.items():
+        if old in config:
+            renamed.setdefault(new, config[old])
+    return renamed
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src import dist
+from src import comm
 from src.data.samplers import check_each_index_once
 from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.evaluation.exports import export_classification, export_segmentation
@@ -122,11 +122,11 @@ def _evaluate_classification(
     local = torch.cat(rows) if rows else torch.zeros(0, 5, dtype=torch.float64)
     # The only collectives: gather every rank's rows (uneven counts are fine), then sort by index so the
     # reduction order is the one-process order whatever the world size.
-    table = torch.cat(dist.all_gather_tensor(local))
+    table = torch.cat(comm.all_gather_tensor(local))
     table = table[table[:, 0].argsort(stable=True)]
     _check_each_sample_once(table[:, 0].long(), loader)
     n = table.shape[0]
-    if export is not None and dist.is_main_process():
+    if export is not None and comm.is_main_process():
         export_classification(Path(export), table[:, 0].long(), table[:, 2].long())
     if n == 0:
         return {"loss": math.nan, "top1": math.nan, "top5": math.nan}
@@ -175,8 +175,8 @@ def _evaluate_segmentation(
         if export is not None:
             masks.extend((int(i), p.to(torch.uint8).cpu()) for i, p in zip(indices, preds))
     local = torch.cat(loss_rows) if loss_rows else torch.zeros(0, 3, dtype=torch.float64)
-    dist.all_reduce(cm.mat, "sum")  # int64: exact and independent of the summation order
-    table = torch.cat(dist.all_gather_tensor(local))
+    comm.all_reduce(cm.mat, "sum")  # int64: exact and independent of the summation order
+    table = torch.cat(comm.all_gather_tensor(local))
     table = table[table[:, 0].argsort(stable=True)]
     _check_each_sample_once(table[:, 0].long(), loader)
     if export is not None:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from src import dist
+from src import comm
 from src.data.palette import save_mask_png
 
 # Masks travel to rank 0 in rounds of at most this many per rank, so no rank ever holds every rank's masks
@@ -46,11 +46,11 @@ def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) ->
 
     Collective: every rank must call it (with its own, possibly empty, list), after its loop.
     """
-    if dist.is_main_process():
+    if comm.is_main_process():
         out_dir.mkdir(parents=True, exist_ok=True)
     gather_masks(((i, m.numpy()) for i, m in masks), len(masks),
                  lambda index, mask: save_mask_png(out_dir / mask_filename(index), mask))
-    dist.barrier()  # every rank returns once the files exist
+    comm.barrier()  # every rank returns once the files exist
 
 
 def gather_masks(masks: Iterable[tuple[int, np.ndarray]], local_count: int,
@@ -61,14 +61,14 @@ def gather_masks(masks: Iterable[tuple[int, np.ndarray]], local_count: int,
     rank holds more than a round of masks. Collective: every rank joins every round, maybe with none.
     Returns the indices of every rank's masks, on every rank (for the exactly-once check).
     """
-    counts = dist.all_gather_object(local_count)
+    counts = comm.all_gather_object(local_count)
     source = iter(masks)
     seen: list[int] = []
     for _ in range(math.ceil(max(counts) / MASKS_PER_ROUND)):
         chunk = list(itertools.islice(source, MASKS_PER_ROUND))
-        for part in dist.all_gather_object(chunk):
+        for part in comm.all_gather_object(chunk):
             for index, mask in part:
                 seen.append(index)
-                if dist.is_main_process():
+                if comm.is_main_process():
                     write(index, mask)
     return seen

@@ -1,1 +1,1 @@
-"""Experiment trackers behind the `logger` config group: MLflow, W&B and CSV, fed on a background thread."""
+"""Experiment trackers behind the `tracker` config group: MLflow, W&B and CSV, fed on a background thread."""

@@ -42,7 +42,7 @@ class _TrackerThread:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 log.warning("tracker %s is behind: %d row(s) dropped for it so far (metrics.jsonl keeps every row; "
-                            "raise logger.queue_size to buffer more)", self.sink.name, self.dropped)
+                            "raise tracker.queue_size to buffer more)", self.sink.name, self.dropped)
 
     def put(self, item: tuple, timeout_s: float) -> bool:
         try:
@@ -148,7 +148,7 @@ class BackgroundSinks:
                 log.error("tracker %s did not finish within %s=%gs: its last rows may be missing "
                           "(metrics.jsonl has every row)", t.sink.name, setting or "the timeout", timeout_s)
             if t.dropped:
-                log.error("%d metric row(s) were not sent to tracker %s: its queue (logger.queue_size) was full; "
+                log.error("%d metric row(s) were not sent to tracker %s: its queue (tracker.queue_size) was full; "
                           "metrics.jsonl has every row", t.dropped, t.sink.name)
             if t.failed is not None:
                 log.error("tracker %s failed during this run (%s): its run is incomplete; metrics.jsonl has every "

@@ -1,11 +1,11 @@
-"""The experiment trackers a run's `logger` config asks for (TensorBoard excepted: the Tracker owns it)."""
+"""The experiment trackers a run's `tracker` config asks for (TensorBoard excepted: the Tracker owns it)."""
 from __future__ import annotations
 
-from src.logger_config import LoggerConfig
+from src.tracker_config import TrackerConfig
 from src.engine.trackers.sink import Sink
 
 
-def build_sinks(settings: LoggerConfig) -> list[Sink]:
+def build_sinks(settings: TrackerConfig) -> list[Sink]:
     """MLflow, W&B and CSV sinks for the keys of `settings` that are set (their packages load on the tracker thread)."""
     sinks: list[Sink] = []
     if settings.mlflow is not None:

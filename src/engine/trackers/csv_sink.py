@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from src.logger_config import CsvLoggerConfig
+from src.tracker_config import CsvTrackerConfig
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 
 FIXED = ["split", "epoch", "step", "time"]
@@ -23,7 +23,7 @@ class CsvSink:
 
     name = "csv"
 
-    def __init__(self, settings: CsvLoggerConfig) -> None:
+    def __init__(self, settings: CsvTrackerConfig) -> None:
         self.settings = settings
         self.path: Optional[Path] = None
         self.columns: list[str] = list(FIXED)

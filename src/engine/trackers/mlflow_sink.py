@@ -1,6 +1,6 @@
 """MLflow: one run per training run (reopened after a resume), config as params, metrics with their steps.
 
-The store is logger.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else a SQLite database inside the
+The store is tracker.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else a SQLite database inside the
 run dir (<run dir>/mlflow/mlflow.db, artifacts in <run dir>/mlflow/artifacts): a run is complete on its
 own and `mlflow ui --backend-store-uri sqlite:///<run dir>/mlflow/mlflow.db` shows it.
 """
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from src.logger_config import MlflowLoggerConfig
+from src.tracker_config import MlflowTrackerConfig
 from src.engine.trackers.params import flatten_config
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 
@@ -31,7 +31,7 @@ class MlflowSink:
 
     name = "mlflow"
 
-    def __init__(self, settings: MlflowLoggerConfig) -> None:
+    def __init__(self, settings: MlflowTrackerConfig) -> None:
         self.settings = settings
         self.client: Any = None
         self.run_id: Optional[str] = None
@@ -82,7 +82,7 @@ class MlflowSink:
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
     def artifact(self, path: Path) -> None:
-        """Upload the best checkpoint under `checkpoints/` when logger.mlflow.log_best_checkpoint is set."""
+        """Upload the best checkpoint under `checkpoints/` when tracker.mlflow.log_best_checkpoint is set."""
         if self.settings.log_best_checkpoint:
             self.client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
             log.info("MLflow: %s uploaded to run %s", path.name, self.run_id)

@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from src.logger_config import WandbLoggerConfig
+from src.tracker_config import WandbTrackerConfig
 from src.engine.trackers.sink import FINISHED, RunInfo, numeric_metrics
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class WandbSink:
 
     name = "wandb"
 
-    def __init__(self, settings: WandbLoggerConfig) -> None:
+    def __init__(self, settings: WandbTrackerConfig) -> None:
         self.settings = settings
         self.run: Any = None
 

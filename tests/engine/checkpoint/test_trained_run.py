@@ -43,3 +43,14 @@ def test_a_missing_file_names_the_key_and_a_foreign_one_says_what_it_is(tmp_path
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(ValueError, match="not a SyncTrain checkpoint"):
         load_trained_run(foreign)
+
+
+def test_a_run_saved_when_the_trackers_group_was_named_logger_still_loads(tmp_path: Path) -> None:
+    ckpt = tmp_path / "last.pt"
+    stored = write_format_v0(ckpt, ["model=resnet20", "norm=bn", "data.image_size=16", "tracker=[tensorboard,mlflow]",
+                                     "tracker.mlflow.experiment=old"], epoch=1, step=4, steps_per_epoch=4)
+    config = {("logger" if k == "tracker" else k): v for k, v in stored["config"].items()}
+    assert "tracker" not in config  # as such a checkpoint was written
+    torch.save({**stored, "config": config}, ckpt)
+    run = load_trained_run(ckpt, device=torch.device("cpu"), overrides={"trainer": {"num_threads": 1}})
+    assert run.config.tracker.enabled() == ["tensorboard", "mlflow"] and run.config.tracker.mlflow.experiment == "old"

@@ -1,4 +1,4 @@
-"""src/dist.py on real gloo process groups over loopback (never mocks)."""
+"""src/comm.py on real gloo process groups over loopback (never mocks)."""
 from __future__ import annotations
 
 import datetime
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from src import dist
+from src import comm
 from tests.support.gloo import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,30 +32,30 @@ def _rank_case(rank: int, world: int, case: str, tmp: str) -> object:
 
 def _case_gather(rank: int, world: int, tmp: Path) -> object:
     local = torch.full((rank + 1, 2), float(rank))
-    gathered = dist.all_gather_tensor(local)
-    summed = dist.reduce_dict({"a": float(rank), "b": 1.0}, average=False)
-    meaned = dist.reduce_dict({"a": float(rank)}, average=True)
-    objs = dist.all_gather_object({"rank": rank})
+    gathered = comm.all_gather_tensor(local)
+    summed = comm.reduce_dict({"a": float(rank), "b": 1.0}, average=False)
+    meaned = comm.reduce_dict({"a": float(rank)}, average=True)
+    objs = comm.all_gather_object({"rank": rank})
     return {
         "shapes": [tuple(t.shape) for t in gathered],
         "values": [t.unique().tolist() for t in gathered],
         "sum": summed, "mean": meaned, "objs": objs,
-        "bcast": dist.broadcast_object(f"from {rank}"),
+        "bcast": comm.broadcast_object(f"from {rank}"),
     }
 
 
 def _case_zero_first_ok(rank: int, world: int, tmp: Path) -> object:
     marker = tmp / "downloaded"
-    with dist.zero_first():
-        if dist.get_local_rank() == 0:
+    with comm.zero_first():
+        if comm.get_local_rank() == 0:
             marker.write_text("data")
         seen = marker.exists()  # others enter only after the leader finished
     return seen
 
 
 def _case_zero_first_fail(rank: int, world: int, tmp: Path) -> object:
-    with dist.zero_first():
-        if dist.get_local_rank() == 0:
+    with comm.zero_first():
+        if comm.get_local_rank() == 0:
             raise OSError("network unreachable")
     return "entered"
 
@@ -68,17 +68,17 @@ def _run(case: str, world: int, tmp_path: Path) -> dict[int, object]:
 
 
 def test_single_process_helpers_are_identities() -> None:
-    assert not dist.is_initialized()
-    assert dist.get_world_size() == 1 and dist.get_rank() == 0 and dist.is_main_process()
+    assert not comm.is_initialized()
+    assert comm.get_world_size() == 1 and comm.get_rank() == 0 and comm.is_main_process()
     t = torch.arange(3.0)
-    assert dist.all_gather_tensor(t)[0] is t
-    assert dist.all_reduce(t.clone(), "mean").tolist() == [0.0, 1.0, 2.0]
-    assert dist.reduce_dict({"x": 2.0}) == {"x": 2.0}
-    dist.barrier()
-    with dist.zero_first():
+    assert comm.all_gather_tensor(t)[0] is t
+    assert comm.all_reduce(t.clone(), "mean").tolist() == [0.0, 1.0, 2.0]
+    assert comm.reduce_dict({"x": 2.0}) == {"x": 2.0}
+    comm.barrier()
+    with comm.zero_first():
         pass
     # No process group, no collective timeouts: such text comes from elsewhere and is not reworded.
-    assert not dist.is_timeout(RuntimeError("Timed out waiting 20000ms for recv operation to complete"))
+    assert not comm.is_timeout(RuntimeError("Timed out waiting 20000ms for recv operation to complete"))
 
 
 def test_gather_reduce_broadcast_with_uneven_tensors(tmp_path: Path) -> None:
@@ -114,6 +114,6 @@ def test_unknown_reduce_op_is_rejected() -> None:
     torch_dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         with pytest.raises(ValueError, match="unknown reduce op 'avg'"):
-            dist.all_reduce(torch.zeros(1), "avg")
+            comm.all_reduce(torch.zeros(1), "avg")
     finally:
         torch_dist.destroy_process_group()

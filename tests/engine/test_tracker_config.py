@@ -1,4 +1,4 @@
-"""The `logger` config group: every option and a list of several compose and validate; bad values fail early."""
+"""The `tracker` config group: every option and a list of several compose and validate; bad values fail early."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,30 +20,30 @@ def _validate(*overrides: str):
 
 @pytest.mark.parametrize("overrides,enabled", [
     ([], ["tensorboard"]),
-    (["logger=mlflow"], ["mlflow"]),
-    (["logger=wandb"], ["wandb"]),
-    (["logger=csv"], ["csv"]),
-    (["logger=[tensorboard,mlflow]"], ["tensorboard", "mlflow"]),
-    (["logger=[tensorboard,mlflow,wandb,csv]"], ["tensorboard", "mlflow", "wandb", "csv"]),
-    (["logger=[]"], []),
+    (["tracker=mlflow"], ["mlflow"]),
+    (["tracker=wandb"], ["wandb"]),
+    (["tracker=csv"], ["csv"]),
+    (["tracker=[tensorboard,mlflow]"], ["tensorboard", "mlflow"]),
+    (["tracker=[tensorboard,mlflow,wandb,csv]"], ["tensorboard", "mlflow", "wandb", "csv"]),
+    (["tracker=[]"], []),
 ])
-def test_logger_options_and_lists_compose(overrides: list[str], enabled: list[str]) -> None:
-    assert _validate(*overrides).logger.enabled() == enabled
+def test_tracker_options_and_lists_compose(overrides: list[str], enabled: list[str]) -> None:
+    assert _validate(*overrides).tracker.enabled() == enabled
 
 
 def test_tracker_settings_are_overridable_and_typos_are_refused() -> None:
-    cfg = _validate("logger=[mlflow,wandb]", "logger.mlflow.experiment=cifar", "logger.mlflow.log_best_checkpoint=true",
-                    "logger.wandb.mode=offline")
-    assert (cfg.logger.mlflow.experiment, cfg.logger.mlflow.log_best_checkpoint) == ("cifar", True)
-    assert cfg.logger.wandb.mode == "offline"
+    cfg = _validate("tracker=[mlflow,wandb]", "tracker.mlflow.experiment=cifar",
+                    "tracker.mlflow.log_best_checkpoint=true", "tracker.wandb.mode=offline")
+    assert (cfg.tracker.mlflow.experiment, cfg.tracker.mlflow.log_best_checkpoint) == ("cifar", True)
+    assert cfg.tracker.wandb.mode == "offline"
     with pytest.raises(ConfigCompositionException, match="experimant"):
-        _validate("logger=mlflow", "logger.mlflow.experimant=x")
-    with pytest.raises(ValueError, match="logger.wandb.mode must be one of"):
-        _validate("logger=wandb", "logger.wandb.mode=cloud")
+        _validate("tracker=mlflow", "tracker.mlflow.experimant=x")
+    with pytest.raises(ValueError, match="tracker.wandb.mode must be one of"):
+        _validate("tracker=wandb", "tracker.wandb.mode=cloud")
     with pytest.raises(ValueError, match="would overwrite the run's metrics.jsonl"):
-        _validate("logger=csv", "logger.csv.filename=metrics.jsonl")
+        _validate("tracker=csv", "tracker.csv.filename=metrics.jsonl")
     with pytest.raises(ConfigCompositionException, match="comet"):
-        _validate("logger=comet")
+        _validate("tracker=comet")
 
 
 def test_wandb_is_offline_without_credentials_and_wandb_mode_wins(monkeypatch: pytest.MonkeyPatch,
