@@ -48,15 +48,17 @@ CONFIGS = ("bn", "syncbn", "syncbn_own")
 
 
 class CollectiveTimer:
-    """Wraps src.syncbn.collectives' two functions: per call its kind, size, arrival and return time."""
+    """Wraps src.syncbn.collectives' three functions: per call its kind, size, arrival and return time."""
 
     def __init__(self) -> None:
         from src.syncbn import collectives
 
         self.module = collectives
-        self.originals = {"all_gather": collectives.all_gather_stats, "all_reduce": collectives.all_reduce_grads}
+        self.originals = {"all_gather": collectives.all_gather_stats, "all_reduce_stats": collectives.all_reduce_stats,
+                          "all_reduce": collectives.all_reduce_grads}
         self.calls: list[tuple[str, int, float, float]] = []
         collectives.all_gather_stats = self._wrap("all_gather", self.originals["all_gather"])
+        collectives.all_reduce_stats = self._wrap("all_reduce_stats", self.originals["all_reduce_stats"])
         collectives.all_reduce_grads = self._wrap("all_reduce", self.originals["all_reduce"])
 
     def _wrap(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,7 +131,7 @@ def replay(calls: list[tuple[str, int, float, float]], group: Any, repeats: int)
     from src.syncbn import collectives
 
     name, size = group.group_name, dist.get_world_size(group)
-    tensors = [(kind, torch.zeros(numel, dtype=torch.float64 if kind == "all_gather" else torch.float32))
+    tensors = [(kind, torch.zeros(numel, dtype=torch.float32 if kind == "all_reduce" else torch.float64))
                for kind, numel, _, _ in calls]
     times = []
     for _ in range(repeats):
@@ -138,6 +140,8 @@ def replay(calls: list[tuple[str, int, float, float]], group: Any, repeats: int)
         for kind, t in tensors:
             if kind == "all_gather":
                 collectives.all_gather_stats(t, name, size)
+            elif kind == "all_reduce_stats":
+                collectives.all_reduce_stats(t, name)
             else:
                 collectives.all_reduce_grads(t, name)
         times.append(time.perf_counter() - start)
@@ -197,7 +201,7 @@ def breakdown(calls: list[tuple[str, int, float, float]], rank: int, world: int)
     arrivals: list[Any] = [None] * world
     dist.all_gather_object(arrivals, [c[2] for c in calls])
     wait = sum(max(0.0, max(a[i] for a in arrivals) - calls[i][2]) for i in range(len(calls)))
-    inside_fwd = sum(c[3] - c[2] for c in calls if c[0] == "all_gather")
+    inside_fwd = sum(c[3] - c[2] for c in calls if c[0] in ("all_gather", "all_reduce_stats"))
     inside_bwd = sum(c[3] - c[2] for c in calls if c[0] == "all_reduce")
     return {"inside": inside_fwd + inside_bwd, "inside_fwd": inside_fwd, "inside_bwd": inside_bwd,
             "imbalance": min(wait, inside_fwd + inside_bwd), "calls": len(calls)}
@@ -224,7 +228,7 @@ def summarise(slowest: dict, inside: dict, floors: dict, calls: dict) -> dict:
         med = {k: statistics.median(r[k] for r in rows) for k in ("inside", "inside_fwd", "inside_bwd", "imbalance")}
         med["floor"] = floors[c]
         med["calls"] = len(calls[c])
-        med["bytes"] = sum(n * (8 if k == "all_gather" else 4) for k, n, _, _ in calls[c])
+        med["bytes"] = sum(n * (4 if k == "all_reduce" else 8) for k, n, _, _ in calls[c])
         med["rest_in_collectives"] = med["inside"] - med["imbalance"] - med["floor"]
         med["outside_collectives"] = out["step_s"][c] - bn - med["inside"]
         out[c] = med
