@@ -38,7 +38,8 @@ const char* kernel_name() {
 // Instantiated with every launched kernel; its initialisation (at load) names the kernel's address.
 template <auto Kernel>
 struct KernelName {
-  static inline const bool registered = register_kernel_name(reinterpret_cast<const void*>(Kernel), kernel_name<Kernel>());
+  static inline const bool registered =
+      register_kernel_name(reinterpret_cast<const void*>(Kernel), kernel_name<Kernel>());
 };
 
 template <auto Kernel, typename... Params, typename... Args>

@@ -1,7 +1,7 @@
 // The host-side CUDA surface the SyncBN launchers use, emulated: dim3/uint3, cudaError_t and
 // cudaGetLastError, cudaDeviceGetAttribute on the emulated device (device_props.h),
-// cudaFuncSetAttribute for dynamic shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor, streams, c10::cuda::CUDAGuard and
-// getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
+// cudaFuncSetAttribute for dynamic shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+// streams, c10::cuda::CUDAGuard and getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
 // meanings as the real ones, so the launch code in csrc/cuda compiles unchanged.
 #pragma once
 #include <c10/core/Device.h>
