@@ -27,9 +27,10 @@ def main() -> int:
     for k in table:
         print(f"{k['kernel']:<45} {k['blocks_per_sm']:>2} blocks x {k['block_threads']} threads/SM "
               f"({k['occupancy']:.0%}), {k['registers']} registers, {k['local_bytes']} B local")
-    # launch.cuh sizes the streaming kernels' grids for 8 resident blocks of 256 threads per SM
-    short = [k["kernel"] for k in table if k["block_threads"] == 256 and k["blocks_per_sm"] < 8]
-    print(f"{len(short)} of {len(table)} kernels fit fewer than the 8 blocks per SM the grids are sized for"
+    # launch.cuh sizes each grid by these blocks_per_sm; list the kernels that registers or shared memory
+    # keep below what the SM's thread slots allow.
+    short = [k["kernel"] for k in table if k["blocks_per_sm"] < k["max_threads_per_sm"] // k["block_threads"]]
+    print(f"{len(short)} of {len(table)} kernels fit fewer blocks per SM than the thread slots allow (grids follow)"
           + (f": {', '.join(short)}" if short else ""))
     return 0
 

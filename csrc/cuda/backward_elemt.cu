@@ -121,7 +121,11 @@ __global__ void __launch_bounds__(kThreads) backward_elemt_channels_last_kernel(
 
 template <typename T, typename P, int VEC>
 void launch_backward_elemt(const BackwardArgs<T, P, at::opmath_type<T>>& p, const Layout& l, int device) {
-  const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
+  const int64_t resident =
+      l.channels_last ? resident_blocks(device, backward_elemt_channels_last_kernel<T, P, VEC>, kThreads)
+                      : resident_blocks(device, backward_elemt_channels_first_kernel<T, P, VEC>, kThreads);
+  // Two waves' worth of blocks, as for elemt.
+  const Geometry geo = geometry(l, VEC, 2 * resident);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
     SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, backward_elemt_channels_last_kernel<T, P, VEC>)(p, l.rows(), l.c, geo.splits);

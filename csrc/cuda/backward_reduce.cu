@@ -147,7 +147,10 @@ __global__ void backward_reduce_finalize_kernel(SYNCBN_PTR(const double) partial
 template <typename T, int VEC>
 void launch_backward_reduce(ReduceArgs<T> args, const Layout& l, int device, const at::Tensor& like) {
   using acc_t = at::opmath_type<T>;
-  const Geometry geo = geometry(l, VEC, resident_blocks(device));
+  const int64_t resident =
+      l.channels_last ? resident_blocks(device, backward_reduce_channels_last_kernel<T, VEC>, kThreads)
+                      : resident_blocks(device, backward_reduce_channels_first_kernel<T, VEC>, kThreads);
+  const Geometry geo = geometry(l, VEC, resident);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor partial;
   if (geo.splits > 1) {

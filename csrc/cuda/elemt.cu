@@ -94,7 +94,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename P, int VEC>
 void launch_elemt(const ElemtArgs<T, P, at::opmath_type<T>>& args, const Layout& l, int device) {
   // Elementwise: two waves' worth of blocks keeps every SM busy through the tail of the grid-stride loop.
-  const Geometry geo = geometry(l, VEC, 2 * resident_blocks(device));
+  const int64_t resident = l.channels_last ? resident_blocks(device, elemt_channels_last_kernel<T, P, VEC>, kThreads)
+                                           : resident_blocks(device, elemt_channels_first_kernel<T, P, VEC>, kThreads);
+  const Geometry geo = geometry(l, VEC, 2 * resident);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (l.channels_last)
     SYNCBN_LAUNCH(geo.grid, geo.block, 0, stream, elemt_channels_last_kernel<T, P, VEC>)(args, l.rows(), l.c, geo.splits);

@@ -5,10 +5,12 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "../checks.h"
@@ -82,20 +84,39 @@ inline bool can_vectorize(const Layout& l, int vec, std::initializer_list<const 
   return true;
 }
 
-// Blocks that fit on the device at once (SMs x blocks of kThreads per SM), cached per device: the
-// attribute query is cheap but not free, and it never synchronises.
-inline int64_t resident_blocks(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int64_t> cache[kMaxDevices];
-  if (device >= 0 && device < kMaxDevices) {
-    const int64_t hit = cache[device].load(std::memory_order_relaxed);
-    if (hit > 0) return hit;
+// Blocks that fit on the device at once for one kernel: SMs x its resident blocks per SM. Kept apart
+// from the queries so the geometry below stays a function of (shape, resident blocks) alone.
+inline int64_t resident_blocks_from(int sms, int blocks_per_sm) {
+  // A kernel that fits no block (it would fail to launch) still gets a one-block-per-SM target.
+  return int64_t(std::max(sms, 1)) * std::max(blocks_per_sm, 1);
+}
+
+// Blocks of `kernel` (the very instantiation launched) that fit on `device` at once, for blocks of
+// `threads` threads with `smem` bytes of dynamic shared memory: SMs x
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, which counts the kernel's registers and shared memory
+// (ptxas gives the 16-bit stats kernels ~100 registers per thread: 2 blocks of 256 threads per SM on
+// sm_90, not the 8 the thread slots allow). Needs `device` current (the ops hold a CUDAGuard). Cached
+// per (device, kernel, threads, smem): the queries are cheap but not free, and never synchronise. An
+// emulated device (device < 0: CPU tensors) may change between launches, so it is asked every time.
+template <typename Kernel>
+inline int64_t resident_blocks(int device, Kernel kernel, int threads, size_t smem = 0) {
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+  if (device >= 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
   }
-  int sms = 0, threads = 0;
+  int sms = 0, per_sm = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-  const int64_t blocks = int64_t(std::max(sms, 1)) * std::max(threads / kThreads, 1);
-  if (device >= 0 && device < kMaxDevices) cache[device].store(blocks, std::memory_order_relaxed);
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks = resident_blocks_from(sms, per_sm);
+  if (device >= 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    cache.emplace(key, blocks);
+  }
   return blocks;
 }
 

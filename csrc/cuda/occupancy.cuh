@@ -7,21 +7,21 @@ namespace syncbn::cuda {
 
 namespace detail {
 
-// Appends `kernel`'s occupancy on the current device. Emulated: the device's thread slots / block size
-// (what the emulation models); registers are a GPU property it cannot know.
+// Appends `kernel`'s occupancy on the current device: the query resident_blocks (launch.cuh) sizes its
+// grids with. Emulated: the emulated device's model of it (csrc/simt/runtime_api.h); registers are a
+// compiler's output it cannot know.
 template <typename Kernel>
 void add_occupancy(std::vector<KernelOccupancy>& out, const char* name, Kernel kernel, int block_threads) {
   int device = 0;
-#if defined(SYNCBN_SIMT)
-  (void)kernel;
-  int per_sm = 0;
-  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
-  out.push_back({name, block_threads, per_sm / block_threads, per_sm, -1, -1});
-#else
-  C10_CUDA_CHECK(cudaGetDevice(&device));
   int blocks = 0, per_sm = 0;
+#if !defined(SYNCBN_SIMT)
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+#endif
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, 0));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+#if defined(SYNCBN_SIMT)
+  out.push_back({name, block_threads, blocks, per_sm, -1, -1});
+#else
   cudaFuncAttributes attr{};
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
   out.push_back({name, block_threads, blocks, per_sm, attr.numRegs, int(attr.localSizeBytes)});

@@ -1,6 +1,7 @@
 // Resident blocks per SM of each SyncBN kernel on a device (cudaOccupancyMaxActiveBlocksPerMultiprocessor),
-// for `make gpu-check`: launch.cuh sizes grids for kThreads-thread blocks assuming 8 fit on an SM, which
-// register pressure may deny (ptxas reports 97-126 registers for the 16-bit kernels). Each .cu file lists
+// for `make gpu-check`'s report: the same query launch.cuh's resident_blocks sizes each kernel's grid
+// with, so the report shows what the grids are sized for (register pressure keeps the 16-bit kernels,
+// ~100 registers per thread, to 2 blocks of 256 threads per SM on sm_90). Each .cu file lists
 // its own kernels (they live in anonymous namespaces) with add_occupancy (occupancy.cuh); occupancy.cu
 // gathers the lists. Plain C++: csrc/bindings.cpp includes it.
 #pragma once

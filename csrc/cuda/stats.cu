@@ -145,7 +145,11 @@ __global__ void stats_finalize_kernel(SYNCBN_PTR(const double) partial, int64_t 
 
 template <typename T, int VEC>
 void launch_stats(const at::Tensor& x, const Layout& l, const at::Tensor& out, double count) {
-  const Geometry geo = geometry(l, VEC, resident_blocks(x.get_device()));
+  // Sized by the occupancy of the kernel this layout launches (the two differ in registers).
+  const int device = x.get_device();
+  const int64_t resident = l.channels_last ? resident_blocks(device, stats_channels_last_kernel<T, VEC>, kThreads)
+                                           : resident_blocks(device, stats_channels_first_kernel<T, VEC>, kThreads);
+  const Geometry geo = geometry(l, VEC, resident);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   double* out_ptr = out.data_ptr<double>();
   at::Tensor partial;

@@ -79,6 +79,9 @@ pybind11::dict device_dict(const syncbn::simt::DeviceProps& p) {
   pybind11::dict d;
   d["name"] = p.name;
   for (const auto& [key, value] : syncbn::simt::device_fields(p)) d[key.c_str()] = value;
+  pybind11::dict registers;
+  for (const auto& [prefix, value] : p.kernel_registers) registers[prefix.c_str()] = value;
+  d["kernel_registers"] = registers;
   return d;
 }
 
@@ -107,7 +110,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dx from the all-reduced [sum_dy, sum_dy_xhat] and the global count.");
 
   m.def("set_device", [](const std::string& spec) { simt::set_device(simt::parse_device(spec)); },
-        py::arg("spec"), "Emulate another device: 'h100', 'a100', 'orin', optionally ',key=value,...'.");
+        py::arg("spec"), "Emulate another device: 'h100', 'a100', 'orin', optionally ',key=value,...' "
+        "(registers.KERNEL_PREFIX=N: that kernel's registers per thread, which bound its resident blocks).");
   m.def("device", [] { return device_dict(simt::current_device()); }, "The emulated device's properties.");
   m.def("parse_device", [](const std::string& spec) { return device_dict(simt::parse_device(spec)); },
         py::arg("spec"), "The properties a device spec describes (without switching to it).");

@@ -10,6 +10,8 @@
 namespace syncbn::simt {
 namespace {
 
+const std::string kRegistersPrefix = "registers.";
+
 DeviceProps preset(const std::string& name) {
   DeviceProps p;  // defaults: H100 SXM (an H200 has the same SMs and limits)
   if (name == "h100" || name == "h200") {
@@ -18,12 +20,15 @@ DeviceProps preset(const std::string& name) {
     p.name = name;
     p.sm_count = 108;
     p.shared_mem_per_block_optin = 163 * 1024;
+    p.shared_mem_per_sm = 164 * 1024;
     p.cc_major = 8;
   } else if (name == "orin") {  // Jetson AGX Orin: a small part with 1536 thread slots per SM
     p.name = name;
     p.sm_count = 16;
     p.max_threads_per_sm = 1536;
+    p.max_blocks_per_sm = 16;
     p.shared_mem_per_block_optin = 163 * 1024;
+    p.shared_mem_per_sm = 164 * 1024;
     p.cc_major = 8;
     p.cc_minor = 7;
   } else {
@@ -55,13 +60,27 @@ void assign(DeviceProps& p, const std::string& key, int64_t v) {
   if (key == "shared_mem_per_block_optin") return set_i64(p.shared_mem_per_block_optin, 0);
   if (key == "cc_major") return set_int(p.cc_major, 1);
   if (key == "cc_minor") return set_int(p.cc_minor, 0);
+  if (key == "registers_per_sm") return set_int(p.registers_per_sm, 1);
+  if (key == "max_blocks_per_sm") return set_int(p.max_blocks_per_sm, 1);
+  if (key == "shared_mem_per_sm") return set_i64(p.shared_mem_per_sm, 0);
+  if (key == "reserved_shared_mem_per_block") return set_i64(p.reserved_shared_mem_per_block, 0);
+  if (key == "registers_per_thread") return set_int(p.registers_per_thread, 1);
+  if (key.rfind(kRegistersPrefix, 0) == 0 && key.size() > kRegistersPrefix.size()) {
+    TORCH_CHECK(v >= 1 && v <= 255, "emulated device: ", key, "=", v, " is out of range (1..255 registers per thread)");
+    const std::string kernel = key.substr(kRegistersPrefix.size());
+    for (auto& entry : p.kernel_registers)
+      if (entry.first == kernel) return void(entry.second = int(v));
+    p.kernel_registers.emplace_back(kernel, int(v));
+    return;
+  }
   if (key == "warp_size") {
     TORCH_CHECK(v == 32, "emulated device: warp_size must be 32 (the shuffles implement 32-lane warps), got ", v);
     return;
   }
   std::ostringstream known;
   for (const auto& [name, value] : device_fields(p)) known << " " << name;
-  TORCH_CHECK(false, "emulated device: unknown property '", key, "'; known:", known.str());
+  TORCH_CHECK(false, "emulated device: unknown property '", key, "'; known:", known.str(), " ",
+              kRegistersPrefix, "KERNEL_NAME_PREFIX");
 }
 
 DeviceProps initial_device() {
@@ -129,7 +148,24 @@ std::vector<std::pair<std::string, int64_t>> device_fields(const DeviceProps& p)
           {"shared_mem_per_block_optin", p.shared_mem_per_block_optin},
           {"warp_size", p.warp_size},
           {"cc_major", p.cc_major},
-          {"cc_minor", p.cc_minor}};
+          {"cc_minor", p.cc_minor},
+          {"registers_per_sm", p.registers_per_sm},
+          {"max_blocks_per_sm", p.max_blocks_per_sm},
+          {"shared_mem_per_sm", p.shared_mem_per_sm},
+          {"reserved_shared_mem_per_block", p.reserved_shared_mem_per_block},
+          {"registers_per_thread", p.registers_per_thread}};
+}
+
+int kernel_registers(const DeviceProps& p, const std::string& kernel) {
+  int registers = p.registers_per_thread;
+  size_t longest = 0;
+  for (const auto& [prefix, value] : p.kernel_registers) {
+    if (prefix.size() > longest && kernel.rfind(prefix, 0) == 0) {
+      longest = prefix.size();
+      registers = value;
+    }
+  }
+  return registers;
 }
 
 }  // namespace syncbn::simt

@@ -35,11 +35,19 @@ const char* kernel_name() {
   return name.c_str();
 }
 
+// Instantiated with every launched kernel; its initialisation (at load) names the kernel's address.
+template <auto Kernel>
+struct KernelName {
+  static inline const bool registered =
+      register_kernel_name(reinterpret_cast<const void*>(Kernel), kernel_name<Kernel>());
+};
+
 template <auto Kernel, typename... Params, typename... Args>
 void launch_as(void (*)(Params...), dim3 grid, dim3 block, size_t shmem, Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong number of arguments");
   static_assert((std::is_trivially_copyable_v<std::decay_t<Params>> && ...),
                 "CUDA kernel parameters must be trivially copyable");
+  (void)KernelName<Kernel>::registered;
   using Tuple = std::tuple<std::decay_t<Params>...>;
   const Tuple params(std::forward<Args>(args)...);  // the host-side conversions of a real launch
   const KernelLaunch k{kernel_name<Kernel>(), reinterpret_cast<const void*>(Kernel),

@@ -47,6 +47,15 @@ std::map<const void*, int>& dynamic_smem_optin() {
   return m;
 }
 
+std::mutex& names_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<const void*, std::string>& kernel_names() {
+  static std::map<const void*, std::string> m;
+  return m;
+}
+
 }  // namespace
 
 namespace detail {
@@ -143,6 +152,40 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
 
 const char* last_error_detail() { return tls_last_error.detail.c_str(); }
 
+bool register_kernel_name(const void* kernel, const char* name) {
+  std::lock_guard<std::mutex> lock(names_mutex());
+  kernel_names()[kernel] = name;
+  return true;
+}
+
+// The occupancy calculator's arithmetic (CUDA's cuda_occupancy.h), without the per-architecture
+// details that do not bound a 256-thread block: warps, registers per warp rounded up to 256, shared
+// memory per block including the runtime's reserved share.
+cudaError_t occupancy(int* blocks, const void* kernel, int block_threads, size_t dynamic_smem) {
+  const DeviceProps d = current_device();
+  if (blocks == nullptr || block_threads <= 0 || block_threads > d.max_threads_per_block) {
+    set_last_error(cudaErrorInvalidValue, "cudaOccupancyMaxActiveBlocksPerMultiprocessor: block of " +
+                   std::to_string(block_threads) + " threads, the device allows 1.." +
+                   std::to_string(d.max_threads_per_block));
+    return cudaErrorInvalidValue;
+  }
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(names_mutex());
+    auto it = kernel_names().find(kernel);
+    if (it != kernel_names().end()) name = it->second;
+  }
+  const int64_t warps = (block_threads + d.warp_size - 1) / d.warp_size;
+  const int64_t registers = kernel_registers(d, name);
+  const int64_t registers_per_warp = (registers * d.warp_size + 255) / 256 * 256;
+  const int64_t by_threads = d.max_threads_per_sm / d.warp_size / warps;
+  const int64_t by_registers = d.registers_per_sm / registers_per_warp / warps;
+  const int64_t smem = int64_t(dynamic_smem) + d.reserved_shared_mem_per_block;
+  const int64_t by_smem = smem > 0 ? d.shared_mem_per_sm / smem : d.max_blocks_per_sm;
+  *blocks = int(std::min({by_threads, by_registers, by_smem, int64_t(d.max_blocks_per_sm)}));
+  return cudaSuccess;
+}
+
 }  // namespace detail
 
 void record_launches(bool enabled) {
@@ -186,6 +229,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = d.max_threads_per_sm; break;
     case cudaDevAttrComputeCapabilityMajor: *value = d.cc_major; break;
     case cudaDevAttrComputeCapabilityMinor: *value = d.cc_minor; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = clamp(d.shared_mem_per_sm); break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = d.registers_per_sm; break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = d.max_blocks_per_sm; break;
+    case cudaDevAttrReservedSharedMemoryPerBlock: *value = clamp(d.reserved_shared_mem_per_block); break;
     default:
       syncbn::simt::detail::set_last_error(cudaErrorInvalidValue,
                                    "cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");

@@ -1,7 +1,7 @@
 // The host-side CUDA surface the SyncBN launchers use, emulated: dim3/uint3, cudaError_t and
 // cudaGetLastError, cudaDeviceGetAttribute on the emulated device (device_props.h),
-// cudaFuncSetAttribute for dynamic shared memory, streams, c10::cuda::CUDAGuard and
-// getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
+// cudaFuncSetAttribute for dynamic shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+// streams, c10::cuda::CUDAGuard and getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
 // meanings as the real ones, so the launch code in csrc/cuda compiles unchanged.
 #pragma once
 #include <c10/core/Device.h>
@@ -43,7 +43,11 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxThreadsPerMultiProcessor = 39,
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
+  cudaDevAttrMaxRegistersPerMultiprocessor = 82,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+  cudaDevAttrMaxBlocksPerMultiprocessor = 106,
+  cudaDevAttrReservedSharedMemoryPerBlock = 111,
 };
 
 enum cudaFuncAttribute {
@@ -62,6 +66,10 @@ const char* cudaGetErrorString(cudaError_t error);
 
 namespace syncbn::simt::detail {
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int value);
+cudaError_t occupancy(int* blocks, const void* kernel, int block_threads, size_t dynamic_smem);
+// Names the kernel at `kernel` (its address) for the occupancy query, which looks up its registers per
+// thread by name (DeviceProps::kernel_registers); every kernel a Launch names registers itself at load.
+bool register_kernel_name(const void* kernel, const char* name);
 // Why the last launch failed to start, in words (appended to C10_CUDA_CHECK's message).
 const char* last_error_detail();
 }  // namespace syncbn::simt::detail
@@ -70,6 +78,16 @@ const char* last_error_detail();
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
   return ::syncbn::simt::detail::func_set_attribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// Resident blocks per SM of `kernel` on the emulated device: the least of what its thread slots, block
+// slots, registers (the kernel's modelled registers per thread, allocated per warp in units of 256)
+// and shared memory (dynamic plus the reserved share; static shared memory is not known here) allow.
+// A kernel no launch names gets the device's default registers per thread.
+template <typename F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F* kernel, int block_threads,
+                                                          size_t dynamic_smem) {
+  return ::syncbn::simt::detail::occupancy(blocks, reinterpret_cast<const void*>(kernel), block_threads, dynamic_smem);
 }
 
 namespace c10::cuda {

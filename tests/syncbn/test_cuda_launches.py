@@ -137,3 +137,30 @@ def test_scalar_and_vector_paths(emu, shape, layout, vec):
     kind = "first" if layout != "channels_last" else "last"
     for op, launches in run_ops(emu, shape, layout, device, torch.float32).items():
         assert vec_of(main(launches, kind)) == vec, op
+
+
+@pytest.mark.parametrize("shape,layout", [((16, 16, 8, 8), "channels_last"), ((256, 2, 8, 8), "contiguous")])
+def test_grid_follows_the_kernels_occupancy(shape, layout):
+    """A kernel whose registers leave room for 2 resident blocks per SM (112 per thread, as ptxas gives
+    the bf16 channels-last stats kernel on sm_90) gets a grid of SMs x 2 blocks, not the SMs x 8 that
+    the SM's thread slots alone allow; a kernel without the limit keeps SMs x 8."""
+    kind = "last" if layout == "channels_last" else "first"
+    sms = 2
+    device = f"h100,sm_count={sms}"
+    limited = f"{device},registers.stats_channels_{kind}_kernel=112"
+    module = load_emulated_cuda_extension(H100)
+    assert module.parse_device(limited)["kernel_registers"] == {f"stats_channels_{kind}_kernel": 112}
+    try:
+        with one_intraop_thread():
+            free = run_ops(module, shape, layout, device, torch.float32)
+            bound = run_ops(module, shape, layout, limited, torch.float32)
+    finally:
+        module.set_device(H100)
+
+    def blocks(launches: list[dict]) -> int:
+        grid = main(launches, kind)["grid"]
+        return grid[0] * grid[1] * grid[2]
+
+    assert blocks(free["stats"]) == sms * 8
+    assert blocks(bound["stats"]) == sms * 2
+    assert blocks(free["backward_reduce"]) == blocks(bound["backward_reduce"]) == sms * 8
