@@ -38,6 +38,7 @@ class PreciseBNHook(Hook):
                                                          settings.eval_every)
         self.device, self.dtype = device, PRECISIONS[settings.dtype]
         self.amp, self.channels_last = settings.amp, settings.channels_last
+        self._transform: Any = None  # the trainer's device_transform (data.device_transforms), read per pass
 
     def due(self, trainer: TrainerView) -> bool:
         """At the end of training, or at every `every`-th evaluation EvalHook makes (epochs eval_every x every)."""
@@ -74,7 +75,7 @@ class PreciseBNHook(Hook):
 
     def _to_device(self, images: torch.Tensor, targets: Any) -> torch.Tensor:
         images, _ = move_batch(images, targets, device=self.device, dtype=self.dtype,
-                               transform=getattr(self, "_transform", None))
+                               transform=self._transform)
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
