@@ -17,6 +17,7 @@ from src import comm, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
+from src.data.device_transforms import device_transforms_enabled, move_batch
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
@@ -114,7 +115,8 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
-    data = build_datasets(config.data, seed=config.seed)
+    data = build_datasets(config.data, seed=config.seed,
+                          device_transforms=device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, config.data, rank, world)
 
@@ -135,7 +137,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
                       saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
-                      buffer_sync=buffer_sync_mode(config))
+                      buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform)
     trainer.train()
     if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
         tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
@@ -164,7 +166,8 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = task_of(config)
-    data = build_datasets(config.data, seed=config.seed)
+    data = build_datasets(config.data, seed=config.seed,
+                          device_transforms=device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     build_eval_loader(data.val, config.data, rank, world)
     if len(train_loader) == 0:
@@ -173,6 +176,9 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
     images, targets = next(iter(train_loader))
+    if data.device_transform is not None:  # uint8 from the workers: finish the batch as the trainer does
+        images, targets = move_batch(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
+                                     transform=data.device_transform)
     loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
     batch = forward_one_batch(module, images, device=device, amp=settings.amp, channels_last=settings.channels_last,
                               targets=targets, loss_fn=loss)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
 from src.data.config import DataConfig, coerce
+from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
@@ -40,23 +41,28 @@ class DataBundle:
     task: str  # "classification" | "segmentation"
     ignore_index: int = IGNORE_INDEX  # 255; only segmentation masks contain it
     class_names: list[str] = field(default_factory=list)
+    # data.device_transforms on: the training batches are uint8 and this finishes them on the device
+    # (src/data/device_transforms.py); None: the workers normalise, as the evaluation loaders always do.
+    device_transform: DeviceTransform | None = None
 
 
-def build_datasets(data_cfg: Any, seed: int) -> DataBundle:
+def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) -> DataBundle:
     """Train and val datasets of data_cfg.name with their transforms; downloads are barrier-guarded.
 
     `seed` (the run's seed) drives training augmentation only; the shapes images are fixed by
     data.generator_seed. Missing files raise FileNotFoundError saying where they must go.
+    `device_transforms` (data.device_transforms resolved for the device, see device_transforms_enabled):
+    the training transform stops before normalisation and bundle.device_transform finishes the batches.
     """
     cfg = coerce(data_cfg)
     cfg.validate()
     entry = dataset_entry(cfg.name)
     splits: Splits = entry.builder(cfg)
     if entry.task == "classification":
-        train_tf, eval_tf = classification_train_transform(cfg), classification_eval_transform(cfg)
+        train_tf, eval_tf = classification_train_transform(cfg, device_transforms), classification_eval_transform(cfg)
         same_size = True  # the transforms crop every image to data.image_size
     else:
-        train_tf, eval_tf = segmentation_train_transform(cfg), segmentation_eval_transform(cfg)
+        train_tf, eval_tf = segmentation_train_transform(cfg, device_transforms), segmentation_eval_transform(cfg)
         same_size = splits.val_same_size
     names = list(splits.class_names)
     if cfg.num_classes is not None and cfg.num_classes != len(names):
@@ -70,6 +76,7 @@ def build_datasets(data_cfg: Any, seed: int) -> DataBundle:
         task=entry.task,
         ignore_index=IGNORE_INDEX,
         class_names=names,
+        device_transform=DeviceTransform.from_config(cfg) if device_transforms else None,
     )
 
 

@@ -22,6 +22,10 @@ class DataConfig:
     pin_memory: bool = True  # only takes effect when CUDA is available
     persistent_workers: bool = False
     prefetch_factor: int = 2  # only with num_workers > 0
+    # Training batches leave the workers as uint8 and are normalised (and randomly erased) on the device,
+    # after a pinned, non-blocking copy prefetched one batch ahead: true | false | auto (on when training on
+    # CUDA). Evaluation loaders always normalise in the workers. See src/data/device_transforms.py.
+    device_transforms: Any = "auto"
 
     # Embedded shapes datasets (no files): contents are fixed by generator_seed, not by the run's seed,
     # so runs with different seeds are evaluated on the same validation images.
@@ -83,6 +87,9 @@ class DataConfig:
             _at_least(key, getattr(self, key), 1)
         for key in ("num_workers", "crop_padding", "base_size", "generator_seed"):
             _at_least(key, getattr(self, key), 0)
+        if not (isinstance(self.device_transforms, bool) or self.device_transforms == "auto"):
+            raise ValueError(f"data.device_transforms must be true, false or auto (on when training on CUDA), "
+                             f"got {self.device_transforms!r}")
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
         if entry.info.get("varying_sizes") and entry.task == "classification":

@@ -26,8 +26,11 @@ class _MaskToLong(v2.Transform):
         return inpt
 
 
-def segmentation_train_transform(cfg: DataConfig) -> PairTransform:
-    """Random scale of the shorter side, crop padded with 0 / ignore, flip, optional colour jitter, normalise."""
+def segmentation_train_transform(cfg: DataConfig, on_device: bool = False) -> PairTransform:
+    """Random scale of the shorter side, crop padded with 0 / ignore, flip, optional colour jitter, normalise.
+
+    `on_device` (data.device_transforms): uint8 images, normalised on the device; masks as always (int64).
+    """
     steps: list[Any] = []
     if cfg.augment:
         base = cfg.base_size or cfg.crop_size
@@ -44,7 +47,7 @@ def segmentation_train_transform(cfg: DataConfig) -> PairTransform:
         if cfg.color_jitter > 0:
             j = cfg.color_jitter
             steps.append(v2.ColorJitter(brightness=j, contrast=j, saturation=j))
-    return PairTransform(v2.Compose(steps + normalize(cfg) + [_MaskToLong()]))
+    return PairTransform(v2.Compose(steps + ([] if on_device else normalize(cfg)) + [_MaskToLong()]))
 
 
 def segmentation_eval_transform(cfg: DataConfig) -> PairTransform:

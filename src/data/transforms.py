@@ -8,6 +8,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
+from src.data.device_transforms import EraseBox
 from src.data.registry import dataset_entry
 
 
@@ -61,8 +62,12 @@ def varying_sizes(cfg: DataConfig) -> bool:
     return bool(dataset_entry(cfg.name).info.get("varying_sizes"))
 
 
-def classification_train_transform(cfg: DataConfig) -> PairTransform:
-    """Training augmentation: fixed-size images pad-and-crop, images of any size RandomResizedCrop; flip."""
+def classification_train_transform(cfg: DataConfig, on_device: bool = False) -> PairTransform:
+    """Training augmentation: fixed-size images pad-and-crop, images of any size RandomResizedCrop; flip.
+
+    `on_device` (data.device_transforms): stop before normalisation, return uint8 images, and draw random
+    erasing's rectangle here but leave the erasing to src/data/device_transforms.py (target: ErasedTarget).
+    """
     steps: list[Any] = [v2.ToImage()]
     resize_crop = varying_sizes(cfg)
     if cfg.augment:
@@ -81,10 +86,11 @@ def classification_train_transform(cfg: DataConfig) -> PairTransform:
         steps += auto_augment(cfg.auto_augment)
     elif resize_crop:
         steps += _resize_center_crop(cfg.resize_size, cfg.image_size)
-    steps += normalize(cfg)
+    if not on_device:
+        steps += normalize(cfg)
     if cfg.augment and cfg.random_erase > 0:
         # After normalisation, as in torchvision's references and timm: erased pixels become 0, the mean colour.
-        steps.append(v2.RandomErasing(p=cfg.random_erase, value=0))
+        steps.append(EraseBox(cfg.random_erase) if on_device else v2.RandomErasing(p=cfg.random_erase, value=0))
     return PairTransform(v2.Compose(steps))
 
 

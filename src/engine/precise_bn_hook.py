@@ -22,6 +22,7 @@ from torch import nn
 from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
+from src.data.device_transforms import move_batch
 from src.engine.amp import PRECISIONS, autocast
 from src.engine.hooks import Hook, TrainerView
 from src.engine.precise_bn import recompute_bn_stats
@@ -37,6 +38,7 @@ class PreciseBNHook(Hook):
                                                          settings.eval_every)
         self.device, self.dtype = device, PRECISIONS[settings.dtype]
         self.amp, self.channels_last = settings.amp, settings.channels_last
+        self._transform: Any = None  # the trainer's device_transform (data.device_transforms), read per pass
 
     def due(self, trainer: TrainerView) -> bool:
         """At the end of training, or at every `every`-th evaluation EvalHook makes (epochs eval_every x every)."""
@@ -51,6 +53,7 @@ class PreciseBNHook(Hook):
         state = trainer.state
         models: list[nn.Module] = [state.model] + ([state.ema.module] if state.ema is not None else [])
         images = [0]
+        self._transform = getattr(trainer, "device_transform", None)  # data.device_transforms: uint8 batches
 
         def forward(model: nn.Module, batch: torch.Tensor) -> None:
             with autocast(self.amp, self.device):
@@ -70,8 +73,9 @@ class PreciseBNHook(Hook):
             log.info("precise BN at step %d (%.1fs): %d training batch(es) per process x %d process(es) = %d images; %s",
                      state.progress.step, reports[0].seconds, self.num_batches, comm.get_world_size(), total, done)
 
-    def _to_device(self, images: torch.Tensor) -> torch.Tensor:
-        images = images.to(self.device, self.dtype, non_blocking=True)
+    def _to_device(self, images: torch.Tensor, targets: Any) -> torch.Tensor:
+        images, _ = move_batch(images, targets, device=self.device, dtype=self.dtype,
+                               transform=self._transform)
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
@@ -88,6 +92,6 @@ class _EpochPasses:
         set_loader_epoch(self.loader, self.epoch)
         self.loader.batch_sampler.set_start(0)
         self.epoch += 1
-        for images, _ in self.loader:
+        for images, targets in self.loader:
             self.images[0] += images.shape[0]
-            yield self.to_device(images)
+            yield self.to_device(images, targets)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -26,6 +27,7 @@ from torch import nn
 from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
+from src.data.device_transforms import DeviceTransform, move_batch, prefetch
 from src.engine.accumulation import gradient_sync, micro_step
 from src.engine.amp import PRECISIONS, autocast
 from src.engine.checkpoint.files import CheckpointSaver
@@ -45,13 +47,15 @@ class Trainer:
     def __init__(self, state: TrainState, module: nn.Module, loader: Any, loss_fn: Callable[[Any, torch.Tensor],
                  torch.Tensor], settings: TrainerConfig, device: torch.device, *, hooks: Sequence[Hook] = (),
                  saver: Optional[CheckpointSaver] = None, mix: Optional[Callable] = None,
-                 eval_module: Optional[nn.Module] = None, buffer_sync: str = "none") -> None:
+                 eval_module: Optional[nn.Module] = None, buffer_sync: str = "none",
+                 device_transform: Optional[DeviceTransform] = None) -> None:
         self.state, self.module, self.loader, self.loss_fn = state, module, loader, loss_fn
         self.settings, self.device, self.saver, self.mix = settings, device, saver, mix
         self.dtype = PRECISIONS[settings.dtype]  # inputs are cast to it, like the model's weights
         self.hooks = list(hooks)
         self.eval_module = eval_module if eval_module is not None else state.model
         self.buffer_sync = buffer_sync  # reduce | broadcast | none: per-rank BN statistics before eval/checkpoint
+        self.device_transform = device_transform  # data.device_transforms: uint8 batches finished on the device
         self.epoch = state.progress.epoch  # the epoch being trained (or, in after_epoch, just trained)
         self.epoch_complete = False
         self.finishing = False
@@ -167,9 +171,13 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         images_seen, data_seconds = 0, 0.0
         started = waited = time.perf_counter()
-        for index, (images, targets) in enumerate(self._bar, start=p.micro_batch):
+        move = partial(move_batch, device=self.device, dtype=self.dtype, transform=self.device_transform)
+        # With device transforms, the next batch's copy runs on a side CUDA stream during this step.
+        batches = (prefetch(self._bar, move, self.device) if self.device_transform is not None
+                   else (move(*batch) for batch in self._bar))
+        for index, (images, targets) in enumerate(batches, start=p.micro_batch):
             data_seconds += time.perf_counter() - waited
-            images, targets = self._to_device(images, targets)
+            images, targets = self._keep(images, targets)
             micro = micro_step(index, num_micro_batches, self.settings.grad_accum_steps)
             loss = self._forward_backward(images, targets, micro.loss_scale, micro.is_last_in_window)
             loss_sum += loss.detach().double() * images.shape[0]
@@ -188,9 +196,8 @@ class Trainer:
                 started = time.perf_counter()
             waited = time.perf_counter()
 
-    def _to_device(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        images = images.to(self.device, self.dtype, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+    def _keep(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch on the device (src/data/device_transforms.move_batch): memory format, kept as self.batch."""
         if self.settings.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         self.batch = (images, targets)

@@ -12,8 +12,11 @@ from typing import Optional
 import pytest
 import torch
 from torch import nn
+from torchvision import tv_tensors
 
 from src.config import TrainerConfig
+from src.data.device_transforms import DeviceTransform, ErasedTarget
+from src.data.transforms import NormalizeUint8
 from src.engine.amp import build_scaler
 from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
 from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
@@ -140,3 +143,32 @@ def test_an_error_inside_training_still_restores_the_sigterm_handler(tmp_path: P
         make_trainer(tmp_path, [rec, Boom(), preemption]).train()
     assert signal.getsignal(signal.SIGTERM) is before
     assert rec.events[-1][0] == "after_train"
+
+
+def test_device_transform_batches_train_to_the_same_weights_as_normalised_ones(tmp_path: Path) -> None:
+    """data.device_transforms in the loop: uint8 batches (with erasing boxes) finished by the trainer's batch
+    mover train bitwise like the same batches normalised and erased beforehand, as the workers do otherwise."""
+    mean, std = [0.4, 0.5, 0.6], [0.2, 0.25, 0.3]
+    transform = DeviceTransform(mean, std)
+    g = torch.Generator().manual_seed(2)
+    raw = [(torch.randint(0, 256, (4, 3, 2, 2), dtype=torch.uint8, generator=g),
+            ErasedTarget(torch.randint(0, 3, (4,), generator=g), torch.tensor([[0, 1, 2, 1]] * 2 + [[0, 0, 0, 0]] * 2)))
+           for _ in range(3)]
+    normalise = NormalizeUint8(mean, std)
+    ready = []
+    for images, target in raw:
+        x = torch.stack([normalise(tv_tensors.Image(i)).as_subclass(torch.Tensor) for i in images])
+        x[:2, :, 0:2, 1:2] = 0  # the boxes (i=0, j=1, h=2, w=1) of the first two images
+        ready.append((x, target.target))
+    weights = []
+    for batches, device_transform in ((ready, None), (raw, transform)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = TrainState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                           build_scaler("none", torch.device("cpu")), config={"data": {"batch_size": 4}})
+        Trainer(state, model, ListLoader(batches), classification_loss(), TrainerConfig(epochs=1, progress_bar=False),
+                torch.device("cpu"), device_transform=device_transform).train()
+        weights.append(model[1].weight.detach().clone())
+    assert not torch.equal(weights[0], make_trainer(tmp_path, []).state.model[1].weight), "nothing trained"
+    assert torch.equal(weights[0], weights[1])

@@ -1,0 +1,164 @@
+"""What runs on the device when data.device_transforms is on: uint8 -> float32, normalisation, random erasing.
+
+The training workers then stop before normalisation and hand over uint8 images (a quarter of the float32
+bytes to pin and copy); `move_batch` copies a batch to the device (non_blocking, from pinned memory) and
+finishes it there with the maths of NormalizeUint8 and v2.RandomErasing(value=0), so the model sees the
+same tensors as when the workers normalise. Random erasing's rectangles are still drawn in the workers,
+under each sample's seed (src/data/seeded.py), and travel with the target as `ErasedTarget`; only the
+zeroing runs here. `prefetch` copies the next batch on a side CUDA stream while the current one trains.
+
+    transform = DeviceTransform.from_config(cfg) if device_transforms_enabled(cfg, device) else None
+    for images, targets in prefetch(loader, partial(move_batch, device=device, dtype=dtype, transform=transform)):
+        ...
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+
+import torch
+from torchvision.transforms import v2
+
+AUTO = "auto"
+
+
+def device_transforms_enabled(setting: Any, device: torch.device | str) -> bool:
+    """data.device_transforms resolved for `device`: "auto" means on for CUDA, off elsewhere."""
+    if setting == AUTO:
+        return torch.device(device).type == "cuda"
+    return bool(setting)
+
+
+class ErasedTarget(NamedTuple):
+    """A target with its random-erasing rectangle (i, j, h, w); h = w = 0 when nothing is erased.
+
+    A NamedTuple so that default_collate batches it field by field: targets [B], boxes [B, 4].
+    """
+
+    target: Any
+    box: torch.Tensor
+
+
+class EraseBox(v2.RandomErasing):
+    """v2.RandomErasing's random draws, in the same order, but the rectangle is returned, not erased.
+
+    (image, target) -> (image, ErasedTarget(target, box)): the image is left as it is (uint8), so the
+    device can erase it after normalisation exactly where the workers would have.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__(p=p, value=0)
+
+    def forward(self, *inputs: Any) -> Any:
+        image, target = inputs if len(inputs) > 1 else inputs[0]
+        box = torch.zeros(4, dtype=torch.int64)
+        # The same draws as _RandomApplyTransform.forward and RandomErasing.make_params (value given: no normal_).
+        if torch.rand(1) < self.p:
+            params = self.make_params([image])
+            if params["v"] is not None:
+                box = torch.tensor([params["i"], params["j"], params["h"], params["w"]], dtype=torch.int64)
+        return image, ErasedTarget(target, box)
+
+
+class DeviceTransform:
+    """uint8 [B, 3, H, W] images -> float32 (x / 255 - mean) / std, then the erasing rectangles set to 0.
+
+    The same operations, in the same order and precision, as NormalizeUint8 then v2.RandomErasing(value=0):
+    bitwise the same result on the same device (elementwise IEEE float32 multiply and subtract).
+    """
+
+    def __init__(self, mean: list[float], std: list[float]) -> None:
+        std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.scale = 1.0 / (255.0 * std_t)
+        self.shift = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1) / std_t
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "DeviceTransform":
+        """From a DataConfig's mean and std."""
+        return cls(list(cfg.mean), list(cfg.std))
+
+    def __call__(self, images: torch.Tensor, targets: Any) -> tuple[torch.Tensor, Any]:
+        if images.dtype != torch.uint8:
+            raise TypeError(f"data.device_transforms expects uint8 images from the loader, got {images.dtype}; "
+                            "build the datasets with build_datasets(..., device_transforms=True)")
+        scale, shift = self._constants(images.device)
+        out = images.to(torch.float32).mul_(scale).sub_(shift)
+        if isinstance(targets, ErasedTarget):
+            out = _erase(out, targets.box.to(out.device, non_blocking=True))
+            targets = targets.target
+        return out, targets
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._on:
+            self._on[device] = (self.scale.to(device), self.shift.to(device))
+        return self._on[device]
+
+
+def _erase(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Zero images[b, :, i:i+h, j:j+w] for every box (i, j, h, w): one masked fill, no host synchronisation."""
+    height, width = images.shape[-2:]
+    rows = torch.arange(height, device=images.device)
+    cols = torch.arange(width, device=images.device)
+    i, j, h, w = (boxes[:, k].view(-1, 1) for k in range(4))
+    in_rows = (rows >= i) & (rows < i + h)  # [B, H]
+    in_cols = (cols >= j) & (cols < j + w)  # [B, W]
+    mask = (in_rows[:, :, None] & in_cols[:, None, :])[:, None]  # [B, 1, H, W], broadcast over channels
+    return images.masked_fill_(mask, 0.0)
+
+
+def move_batch(images: torch.Tensor, targets: Any, *, device: torch.device, dtype: torch.dtype,
+               transform: Optional[DeviceTransform] = None) -> tuple[torch.Tensor, Any]:
+    """A loader's (images, targets) on `device`, images in `dtype`; with `transform`, finished there first."""
+    if transform is None:
+        return images.to(device, dtype, non_blocking=True), _targets_to(targets, device)
+    images, targets = transform(images.to(device, non_blocking=True), _targets_to(targets, device))
+    return images.to(dtype), targets
+
+
+def _targets_to(targets: Any, device: torch.device) -> Any:
+    if isinstance(targets, ErasedTarget):
+        return ErasedTarget(targets.target.to(device, non_blocking=True), targets.box)  # box: moved by the transform
+    return targets.to(device, non_blocking=True)
+
+
+def prefetch(batches: Iterable[tuple[torch.Tensor, Any]], move: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]],
+             device: torch.device) -> Iterator[tuple[torch.Tensor, Any]]:
+    """move(*batch) for each batch; on CUDA one batch ahead, on a side stream, so copies overlap compute.
+
+    The side stream waits for the current stream before each copy (the pinned source and the caching
+    allocator's memory are the current stream's), the current stream waits for the side stream before
+    a batch is handed out, and record_stream tells the allocator the tensors are used on the current
+    stream. Elsewhere (CPU) it is plain `move`, batch by batch, and needs no CUDA.
+    """
+    if torch.device(device).type != "cuda":
+        for images, targets in batches:
+            yield move(images, targets)
+        return
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+
+    def issue(batch: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            return move(*batch)
+
+    it = iter(batches)
+    ahead = next(it, None)
+    pending = issue(ahead) if ahead is not None else None
+    while pending is not None:
+        current.wait_stream(side)
+        for t in _tensors(pending):
+            t.record_stream(current)
+        ready = pending
+        ahead = next(it, None)
+        pending = issue(ahead) if ahead is not None else None
+        yield ready
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (tuple, list)):
+        for item in batch:
+            yield from _tensors(item)
+
