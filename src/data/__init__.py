@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
 from src.data.config import DataConfig, coerce
+from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
@@ -53,9 +54,15 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
     data.generator_seed. Missing files raise FileNotFoundError saying where they must go.
     `device_transforms` (data.device_transforms resolved for the device, see device_transforms_enabled):
     the training transform stops before normalisation and bundle.device_transform finishes the batches.
+    With data.decode_on_device the training split yields file bytes, and bundle.device_transform decodes
+    and augments them too (src/data/device_decode.py).
     """
     cfg = coerce(data_cfg)
     cfg.validate()
+    if cfg.decode_on_device and not device_transforms:
+        raise ValueError("data.decode_on_device=true needs data.device_transforms on, and it is off here "
+                         "(data.device_transforms=auto is on only when training on CUDA): set "
+                         "data.device_transforms=true or data.decode_on_device=false")
     entry = dataset_entry(cfg.name)
     splits: Splits = entry.builder(cfg)
     if entry.task == "classification":
@@ -65,18 +72,20 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
         train_tf, eval_tf = segmentation_train_transform(cfg, device_transforms), segmentation_eval_transform(cfg)
         same_size = splits.val_same_size
     names = list(splits.class_names)
+    decoder = DeviceDecoder(train_tf) if cfg.decode_on_device else None
     if cfg.num_classes is not None and cfg.num_classes != len(names):
         raise ValueError(f"data.num_classes={cfg.num_classes} but {cfg.name} has {len(names)} classes; "
                          "remove the override (it is derived)")
     return DataBundle(
         # The training crops all have one size when augmenting; without augmentation they have the images' sizes.
-        train=SeededTransformDataset(splits.train, train_tf, seed, same_size=same_size or cfg.augment),
+        train=(EncodedFiles(splits.train, train_tf, seed) if decoder is not None else
+               SeededTransformDataset(splits.train, train_tf, seed, same_size=same_size or cfg.augment)),
         val=SeededTransformDataset(splits.val, eval_tf, seed, same_size=same_size),
         num_classes=len(names),
         task=entry.task,
         ignore_index=IGNORE_INDEX,
         class_names=names,
-        device_transform=DeviceTransform.from_config(cfg) if device_transforms else None,
+        device_transform=DeviceTransform.from_config(cfg, decoder) if device_transforms else None,
     )
 
 
@@ -102,7 +111,9 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
     cfg = coerce(data_cfg)
     sampler = TrainBatchSampler(len(dataset), cfg.batch_size, rank=rank, world_size=world_size, seed=seed,
                                 shuffle=True, drop_last=drop_last)
-    return DataLoader(dataset, batch_sampler=sampler, **_loader_kwargs(cfg))
+    # EncodedFiles (data.decode_on_device) collates its byte strings itself; others use default_collate.
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=getattr(dataset, "collate_fn", None),
+                      **_loader_kwargs(cfg))
 
 
 def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:

@@ -26,6 +26,10 @@ class DataConfig:
     # after a pinned, non-blocking copy prefetched one batch ahead: true | false | auto (on when training on
     # CUDA). Evaluation loaders always normalise in the workers. See src/data/device_transforms.py.
     device_transforms: Any = "auto"
+    # JPEG image folders (imagefolder): the workers only read the files; the device decodes each training
+    # batch (torchvision.io.decode_jpeg) and runs the training augmentation there, with each sample's seed.
+    # Needs device_transforms on. See src/data/device_decode.py.
+    decode_on_device: bool = False
 
     # Embedded shapes datasets (no files): contents are fixed by generator_seed, not by the run's seed,
     # so runs with different seeds are evaluated on the same validation images.
@@ -90,6 +94,7 @@ class DataConfig:
         if not (isinstance(self.device_transforms, bool) or self.device_transforms == "auto"):
             raise ValueError(f"data.device_transforms must be true, false or auto (on when training on CUDA), "
                              f"got {self.device_transforms!r}")
+        _check_decode_on_device(self, entry.info.get("encoded_files", False))
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
         if entry.info.get("varying_sizes") and entry.task == "classification":
@@ -151,6 +156,22 @@ def _check_classification_augmentation(cfg: DataConfig, task: str) -> None:
     if used and not cfg.augment:
         raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
                          f"set data.augment=true or remove data.{used[0]}")
+
+
+def _check_decode_on_device(cfg: DataConfig, encoded_files: bool) -> None:
+    """data.decode_on_device: a bool, with device_transforms not off, for datasets of JPEG files only."""
+    if not isinstance(cfg.decode_on_device, bool):
+        raise ValueError(f"data.decode_on_device must be true or false, got {cfg.decode_on_device!r}")
+    if not cfg.decode_on_device:
+        return
+    if cfg.device_transforms is False:
+        raise ValueError("data.decode_on_device=true needs data.device_transforms=true (or auto, on CUDA): the "
+                         "images decoded on the device are normalised there; set data.device_transforms=true "
+                         "or data.decode_on_device=false")
+    if not encoded_files:
+        offer = [e.name for e in DATASETS if e.info.get("encoded_files")]
+        raise ValueError(f"data.decode_on_device applies to folders of JPEG files ({', '.join(offer)}), not to "
+                         f"data.name={cfg.name}: set data.decode_on_device=false")
 
 
 def _at_least(key: str, value: int, low: int) -> None:

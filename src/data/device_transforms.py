@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 import torch
 from torchvision.transforms import v2
 
+from src.data.device_decode import DeviceDecoder, EncodedImages
+
 AUTO = "auto"
 
 
@@ -66,16 +68,17 @@ class DeviceTransform:
     bitwise the same result on the same device (elementwise IEEE float32 multiply and subtract).
     """
 
-    def __init__(self, mean: list[float], std: list[float]) -> None:
+    def __init__(self, mean: list[float], std: list[float], decoder: Optional[DeviceDecoder] = None) -> None:
+        self.decoder = decoder  # data.decode_on_device: batches arrive as file bytes (src/data/device_decode.py)
         std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
         self.scale = 1.0 / (255.0 * std_t)
         self.shift = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1) / std_t
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "DeviceTransform":
-        """From a DataConfig's mean and std."""
-        return cls(list(cfg.mean), list(cfg.std))
+    def from_config(cls, cfg: Any, decoder: Optional[DeviceDecoder] = None) -> "DeviceTransform":
+        """From a DataConfig's mean and std (and the decoder of data.decode_on_device)."""
+        return cls(list(cfg.mean), list(cfg.std), decoder)
 
     def __call__(self, images: torch.Tensor, targets: Any) -> tuple[torch.Tensor, Any]:
         if images.dtype != torch.uint8:
@@ -106,12 +109,23 @@ def _erase(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     return images.masked_fill_(mask, 0.0)
 
 
-def move_batch(images: torch.Tensor, targets: Any, *, device: torch.device, dtype: torch.dtype,
+def move_batch(images: torch.Tensor | EncodedImages, targets: Any, *, device: torch.device, dtype: torch.dtype,
                transform: Optional[DeviceTransform] = None) -> tuple[torch.Tensor, Any]:
-    """A loader's (images, targets) on `device`, images in `dtype`; with `transform`, finished there first."""
-    if transform is None:
+    """A loader's (images, targets) on `device`, images in `dtype`; with `transform`, finished there first.
+
+    With data.decode_on_device the loader's images are EncodedImages: decoded and augmented on the device
+    (transform.decoder) before the normalisation.
+    """
+    if isinstance(images, EncodedImages):
+        if transform is None or transform.decoder is None:
+            raise TypeError("the loader yields encoded images (data.decode_on_device) but no decoder was given: "
+                            "pass transform=bundle.device_transform")
+        images, targets = transform.decoder(images, targets, torch.device(device))
+    elif transform is None:
         return images.to(device, dtype, non_blocking=True), _targets_to(targets, device)
-    images, targets = transform(images.to(device, non_blocking=True), _targets_to(targets, device))
+    else:
+        images = images.to(device, non_blocking=True)
+    images, targets = transform(images, _targets_to(targets, device))
     return images.to(dtype), targets
 
 

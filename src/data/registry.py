@@ -15,6 +15,8 @@ predict.py, so no other file keeps a list of dataset names:
   RandomResizedCrop(image_size) and evaluates Resize(resize_size) + CenterCrop(image_size) (ImageNet
   style); otherwise images are used at their size with padded random crops (CIFAR style).
   Segmentation evaluates each image at its own size either way.
+- `encoded_files`: classification whose training split has torchvision ImageFolder's `samples` and
+  `loader`, so `data.decode_on_device` may hand its JPEG files to the device undecoded.
 - `check`: a function(DataConfig) raising ValueError for rules of this dataset alone.
 
 Every module in src/data/datasets/ is imported when src.data is, so a new dataset is one file there

@@ -49,7 +49,8 @@ class ClassFolders(datasets.ImageFolder):
         return self._given_classes, {c: i for i, c in enumerate(self._given_classes)}
 
 
-@DATASETS.register("imagefolder", task="classification", varying_sizes=True)
+# encoded_files: the training split's `samples` are files that data.decode_on_device may hand over undecoded.
+@DATASETS.register("imagefolder", task="classification", varying_sizes=True, encoded_files=True)
 def build_imagefolder(cfg: DataConfig) -> Splits:
     """<root>/<train_split>/<class>/... and <root>/<val_split>/<class>/...; classes = training sub-folders."""
     root = resolve_root(cfg.root)

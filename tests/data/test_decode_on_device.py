@@ -1,0 +1,92 @@
+"""data.decode_on_device: JPEG bytes decoded (torchvision.io.decode_jpeg, device="cpu") and augmented in the
+training process give bitwise the batches of the workers' decoding (PIL), same seeds, with the ImageNet v2
+recipe's augmentation; non-JPEG files and decode failures fall back to the CPU; bad settings are refused.
+On CUDA, nvjpeg's pixels are not bitwise the CPU decoder's: only this CPU path can be checked bitwise."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import src.data.device_decode as device_decode
+from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
+from src.data.demo_folders import write_classify
+from src.data.device_decode import EncodedImages, decode_batch
+from src.data.device_transforms import move_batch, prefetch
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 RGB JPEGs of 64 px, plus a grayscale JPEG of another size and a PNG (decoded in the worker)."""
+    root = write_classify(tmp_path_factory.mktemp("jpegs"), train_per_class=2, val_per_class=1)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (50, 70), dtype=np.uint8)).save(root / "train" / "circle" / "gray.jpg")
+    Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(root / "train" / "square" / "rgb.png")
+    return root
+
+
+def _cfg(root: Path, decode: bool, workers: int = 0) -> DataConfig:
+    return DataConfig(name="imagefolder", root=str(root), image_size=32, resize_size=40, batch_size=7,
+                      num_workers=workers, auto_augment="trivialaugment", random_erase=0.5, color_jitter=0.2,
+                      device_transforms=True, decode_on_device=decode)
+
+
+def _batches(cfg: DataConfig, seed: int = 5) -> list[tuple[torch.Tensor, Any]]:
+    """Every training batch of epoch 1, as the trainer moves them to the device (here the CPU)."""
+    bundle = build_datasets(cfg, seed=seed, device_transforms=True)
+    loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=seed)
+    set_loader_epoch(loader, 1)
+    raw = list(loader)
+    assert all(isinstance(images, EncodedImages) for images, _ in raw) == cfg.decode_on_device
+    return list(prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
+                                                      transform=bundle.device_transform), CPU))
+
+
+def _assert_same(today: list[tuple[torch.Tensor, Any]], decoded: list[tuple[torch.Tensor, Any]]) -> None:
+    assert len(today) == len(decoded) == 2
+    for (a, t), (b, u) in zip(today, decoded):
+        assert a.shape == b.shape == (7, 3, 32, 32) and torch.equal(a, b)
+        assert torch.equal(t, u)
+
+
+def test_decoding_on_the_device_gives_the_workers_batches_bitwise(folder: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    today = _batches(_cfg(folder, decode=False))
+    _assert_same(today, _batches(_cfg(folder, decode=True, workers=1)))
+    # The batches differ from those of another seed: the comparison covers the per-sample randomness.
+    assert not torch.equal(today[0][0], _batches(_cfg(folder, decode=False), seed=6)[0][0])
+    # A device decoder that refuses every JPEG: each one falls back to the CPU (PIL), same batches.
+    calls = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs["device"])
+        raise RuntimeError("not decodable here")
+
+    monkeypatch.setattr(device_decode, "decode_jpeg", refuse)
+    _assert_same(today, _batches(_cfg(folder, decode=True)))
+    assert len(calls) == 2 + 13, "one batched call per batch, then one call per JPEG"
+
+
+def test_unreadable_jpeg_names_its_file() -> None:
+    bad = torch.frombuffer(bytearray(device_decode.JPEG_MAGIC + b"\xe0 not really a JPEG"), dtype=torch.uint8)
+    batch = EncodedImages([bad], [True], torch.zeros(1, dtype=torch.int64), ["class/broken.jpg"])
+    with pytest.raises(OSError, match="cannot read image class/broken.jpg"):
+        decode_batch(batch, CPU)
+
+
+def test_bad_settings_are_refused(folder: Path) -> None:
+    with pytest.raises(ValueError, match="data.decode_on_device must be true or false"):
+        DataConfig(decode_on_device="yes").validate()
+    with pytest.raises(ValueError, match="decode_on_device=true needs data.device_transforms=true"):
+        DataConfig(name="imagefolder", decode_on_device=True, device_transforms=False).validate()
+    with pytest.raises(ValueError, match="folders of JPEG files \\(imagefolder\\), not to data.name=shapes"):
+        DataConfig(name="shapes", decode_on_device=True, device_transforms=True).validate()
+    cfg = DataConfig(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
+    with pytest.raises(ValueError, match="data.device_transforms=auto is on only when training on CUDA"):
+        build_datasets(cfg, seed=0, device_transforms=False)
