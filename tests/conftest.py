@@ -20,6 +20,15 @@ LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test
                      "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py")
 
 
+@pytest.fixture(autouse=True)
+def _backend_flags_settable() -> None:
+    """torch.testing._internal (imported by torch.library.opcheck and by PyTorch's module_db) calls
+    torch.backends.disable_global_flags() at import, for the rest of the process: every later in-process training
+    run on that pytest worker would then fail setting torch.backends.cudnn.benchmark. Undo it before each test."""
+    if torch.backends.flags_frozen():  # the flag is a global of torch.backends' own namespace
+        torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+
+
 def xdist_group(item: pytest.Item) -> str:
     """The unit of work `item` belongs to: its shared-fixture folder, else its file (module fixtures made once)."""
     relative = Path(str(item.path)).resolve().relative_to(TESTS)

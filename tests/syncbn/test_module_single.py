@@ -87,12 +87,7 @@ def test_torch_sample_inputs_train_then_eval(ref_cls: type, args: tuple, kwargs:
 
 
 def test_module_db_is_transcribed_faithfully() -> None:
-    frozen = torch.backends.flags_frozen()
     common_modules = pytest.importorskip("torch.testing._internal.common_modules", exc_type=ImportError)
-    if not frozen:
-        # Importing torch's internal test utilities calls torch.backends.disable_global_flags(): later tests on this
-        # pytest worker that set torch.backends.cudnn.* (every in-process training run does) would raise. Thaw them.
-        setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
     for info in common_modules.module_db:
         if info.module_cls in TORCH_SAMPLES:
             got = [
