@@ -218,7 +218,7 @@ def default_cases(device: torch.device) -> tuple[sc.Case, ...]:
 def run_selfcheck(ops: ModuleType, device: torch.device | str, *, device_name: str | None = None,
                   cases: tuple[sc.Case, ...] | None = None, dtypes: tuple[torch.dtype, ...] = sc.DTYPES,
                   torch_reference: bool | None = None) -> SelfCheckReport:
-    """Run every case x dtype through the five `ops` on `device`; raise SelfCheckError on a disagreement.
+    """Run every case x dtype through the seven `ops` on `device`; raise SelfCheckError on a disagreement.
 
     cases: default_cases(device) when None. torch_reference: compare with PyTorch's own SyncBN kernels
     too (default: on a CUDA device; elsewhere, e.g. the emulated build on CPU tensors, the float64
