@@ -33,7 +33,7 @@ def _stats(input: torch.Tensor) -> torch.Tensor:
     return input.new_empty((2 * input.shape[1] + 1,), dtype=torch.float64)
 
 
-def _gather_stats(
+def fake_gather_stats(
     gathered: torch.Tensor,
     running_mean: Optional[torch.Tensor],
     running_var: Optional[torch.Tensor],
@@ -91,7 +91,7 @@ def _backward_elemt(
 
 _FAKES = {
     "batch_norm_stats": _stats,
-    "batch_norm_gather_stats": _gather_stats,
+    "batch_norm_gather_stats": fake_gather_stats,
     "batch_norm_shift_stats": _shift_stats,
     "batch_norm_unshift_stats": _unshift_stats,
     "batch_norm_elemt": _elemt,

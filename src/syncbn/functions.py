@@ -31,7 +31,7 @@ import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import collectives, fusable
-from .fake_kernels import OP_NAMES, register_fakes
+from .fake_kernels import OP_NAMES, fake_gather_stats, register_fakes
 from .recompute import ForwardStatistics
 
 
@@ -160,19 +160,18 @@ def _(gathered: torch.Tensor, input_shape: Sequence[int]) -> torch.Tensor:
     return torch.empty_like(gathered)
 
 
-def _check_more_than_one_value(
-    x: torch.Tensor, local_count: int, gathered: torch.Tensor
-) -> torch.Tensor:
+def _check_more_than_one_value(input_shape: Sequence[int], gathered: torch.Tensor) -> torch.Tensor:
     """`gathered`, after raising F.batch_norm's ValueError when the whole group holds one value per channel.
 
-    Only ranks with local_count <= 1 look at the global count (one host read, inside an operator, so
-    a compiled graph keeps it without a break). If the global count is 1, every rank has local_count
+    Only ranks holding <= 1 value per channel (local_count, from the input's shape) look at the global
+    count (one host read, inside an operator, so a compiled graph keeps it without a break). If the global count is 1, every rank has local_count
     <= 1, so every rank looks and raises: the group stays consistent. local_count comes from the
     shape, so under torch.compile this branch is decided while tracing.
     """
+    local_count = input_shape[0] * math.prod(input_shape[2:])
     if local_count > 1:
         return gathered
-    return _require_more_than_one_value(gathered, list(x.shape))
+    return _require_more_than_one_value(gathered, list(input_shape))
 
 
 log = logging.getLogger(__name__)
@@ -228,8 +227,7 @@ def _merge_exchanged(
     else:
         rows = collectives.all_gather_stats(local, group_name, world_size)
         _note_fallback(local.numel() // 2, world_size)
-    if input_shape[0] * math.prod(input_shape[2:]) <= 1:  # this rank holds <= 1 value per channel
-        _require_more_than_one_value(rows, input_shape)
+    rows = _check_more_than_one_value(input_shape, rows)
     mean, invstd, count = ops.batch_norm_gather_stats(
         rows, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double)
     shift.copy_(mean)
@@ -247,9 +245,7 @@ _merge_exchanged_op = torch.library.custom_op(
 @_merge_exchanged_op.register_fake
 def _(row, exact, local, shift, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
       group_name, world_size, input_shape):  # type: ignore[no-untyped-def]
-    channels = exact.shape[0]
-    acc = torch.float64 if acc_double else torch.float32
-    return row.new_empty((channels,), dtype=acc), row.new_empty((channels,), dtype=acc), row.new_empty((), dtype=torch.float64)
+    return fake_gather_stats(row.view(1, -1), None, None, None, momentum, eps, acc_double)  # what the merge returns
 
 
 def _global_statistics(
@@ -269,7 +265,6 @@ def _global_statistics(
     With `shift` (float64-convertible [C], identical on every rank of the group; set here to the new mean):
     one all_reduce of shifted sums, or the gather where they would cancel. Without: one all_gather.
     """
-    local_count = x.numel() // x.shape[1]
     local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
     acc_double = x.dtype == torch.float64
     if world_size > 1 and shift is not None:
@@ -283,7 +278,7 @@ def _global_statistics(
         gathered = collectives.all_gather_stats(local, group_name, world_size)
     else:
         gathered = local.view(1, -1)
-    gathered = _check_more_than_one_value(x, local_count, gathered)
+    gathered = _check_more_than_one_value(x.shape, gathered)
     return ops.batch_norm_gather_stats(
         gathered, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
     )
