@@ -82,7 +82,7 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
     from torch.nn.parallel import DistributedDataParallel
 
     import src.config  # noqa: F401  (registers train_schema)
-    from src.engine.losses import build_loss
+    from src.tasks import get_task
     from src.models.build import build_model, model_task
 
     overrides, batch, size, _ = JOBS[job]
@@ -103,11 +103,11 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
                                     forward_sync_buffers=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     task = model_task(cfg.model)
-    loss_fn = build_loss(task, 0.0, 255, float(cfg.model.get("aux_loss_weight", 0.0) or 0.0))
+    loss_fn = get_task(task).loss(label_smoothing=0.0, ignore_index=255,
+                                  aux_weight=float(cfg.model.get("aux_loss_weight", 0.0) or 0.0))
     gen = torch.Generator().manual_seed(1 + int(os.environ["RANK"]))
     x = torch.randn(batch, 3, size, size, generator=gen)
-    y = (torch.randint(0, num_classes, (batch,), generator=gen) if task == "classification"
-         else torch.randint(0, num_classes, (batch, size, size), generator=gen))
+    y = torch.randint(0, num_classes, (batch,) if job == "cls" else (batch, size, size), generator=gen)
     return model, optimizer, loss_fn, lambda: (x, y)
 
 

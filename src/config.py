@@ -22,6 +22,7 @@ from src.data.config import DataConfig
 from src.local_gpus import check_processes_fit_gpus
 from src.models.config import ModelConfig, NormConfig, check_model_norm
 from src.signal_names import parse_signals
+from src.tasks import Task, get_task
 from src.tracker_config import TrackerConfig
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -31,7 +32,6 @@ DTYPES = ("float32", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 BUFFER_SYNC = ("reduce", "broadcast", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's mode= (default: None)
-METRICS = {"classification": ("top1", "top5", "loss"), "segmentation": ("miou", "pixel_acc", "loss")}
 
 
 @dataclass
@@ -113,7 +113,7 @@ class EarlyStopConfig:
     patience: int = 5  # evaluations without improvement before stopping
     min_delta: float = 0.0  # an improvement must beat the best by more than this
 
-    def validate(self, task_metrics: tuple[str, ...], ema: bool, segmentation: bool) -> None:
+    def validate(self, task: Task, ema: bool) -> None:
         """Raise ValueError naming the key when the settings cannot work for this task."""
         if self.mode not in EARLY_STOP_MODES:
             raise ValueError(f"trainer.early_stop.mode must be one of {list(EARLY_STOP_MODES)}, got {self.mode!r}")
@@ -124,10 +124,10 @@ class EarlyStopConfig:
         if self.metric is None:
             return
         name = self.name
-        known = list(task_metrics) + ([f"ema_{m}" for m in task_metrics] if ema else [])
-        per_class = segmentation and (name.startswith("iou_") or (ema and name.startswith("ema_iou_")))
+        known = list(task.metrics) + ([f"ema_{m}" for m in task.metrics] if ema else [])
+        per_class = task.knows_metric(name) or (ema and name.startswith("ema_") and task.knows_metric(name[4:]))
         if name not in known and not per_class:
-            extra = " or iou_<class name>" if segmentation else ""
+            extra = f" or {task.per_class_prefix}<class name>" if task.per_class_prefix else ""
             raise ValueError(f"trainer.early_stop.metric={self.metric!r} is not a validation metric of this run; "
                              f"use one of {known}{extra} (a val/ prefix is allowed)")
 
@@ -336,7 +336,7 @@ def config_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def task_of(cfg: DictConfig | TrainConfig) -> str:
-    """"classification" or "segmentation", from the model (the data must agree: see validate_config)."""
+    """The name of the run's task (src/tasks/), from the model (the data must agree: see validate_config)."""
     from src.models import model_task
 
     return model_task(cfg.model)
@@ -346,23 +346,23 @@ def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
     """The metric that ranks best-k checkpoints (resolves trainer.best_metric=auto)."""
     if cfg.trainer.best_metric != "auto":
         return cfg.trainer.best_metric
-    return "top1" if task_of(cfg) == "classification" else "miou"
+    return get_task(task_of(cfg)).default_metric
 
 
 def _check_across_groups(cfg: TrainConfig) -> None:
-    task = task_of(cfg)
+    name = task_of(cfg)
     data_task = dataset_task(cfg.data.name)
-    if task != data_task:
+    if name != data_task:
         raise ValueError(
-            f"model.name={cfg.model.name} is a {task} model but data.name={cfg.data.name} is a "
+            f"model.name={cfg.model.name} is a {name} model but data.name={cfg.data.name} is a "
             f"{data_task} dataset; pick a matching pair (e.g. data=shapes_seg for deeplab models)"
         )
+    task = get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
     metric = best_metric_of(cfg)
-    if metric not in METRICS[task]:
-        raise ValueError(f"trainer.best_metric={metric!r} is not a {task} metric; use one of {METRICS[task]} or auto")
-    cfg.trainer.early_stop.validate(METRICS[task], ema=cfg.trainer.ema, segmentation=task == "segmentation")
-    if task == "segmentation" and (cfg.trainer.mixup_alpha > 0 or cfg.trainer.cutmix_alpha > 0):
-        raise ValueError("trainer.mixup_alpha / trainer.cutmix_alpha apply to classification only; set them to 0")
+    if metric not in task.metrics:
+        raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {task.metrics} or auto")
+    cfg.trainer.early_stop.validate(task, ema=cfg.trainer.ema)
+    task.validate(cfg)
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":
         raise ValueError("trainer.amp=fp16 needs a GPU; on the CPU use trainer.amp=bf16 or none")
     if cfg.trainer.precise_bn_batches and cfg.norm.name in ("gn", "frozen_bn"):

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-TASKS = ("classification", "segmentation")
-
 Builder = TypeVar("Builder", bound=Callable[..., Any])
 
 
@@ -38,9 +36,10 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, task: str, **info: Any) -> Callable[[Builder], Builder]:
-        """Decorator: register `builder` under `name` for `task` ("classification" or "segmentation")."""
-        if task not in TASKS:
-            raise ValueError(f"{self.key}={name!r}: task must be one of {TASKS}, got {task!r}")
+        """Decorator: register `builder` under `name` for `task`, the name of a task registered in src/tasks/
+        (checked by config validation, which runs after every task has registered)."""
+        if not isinstance(task, str) or not task.isidentifier():
+            raise ValueError(f"{self.key}={name!r}: task must be a task's name, e.g. 'classification', got {task!r}")
 
         def add(builder: Builder) -> Builder:
             if name in self._entries:

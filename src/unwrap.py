@@ -2,9 +2,13 @@
 
 Builders (parameter groups), the trainer (EMA, checkpoints) and the evaluator all need the bare module:
 its state_dict keys carry no `module.` / `_orig_mod.` prefix, and its forward never communicates.
-`without_ddp` is what evaluation runs: no DDP, but a compiled bare model stays compiled.
+`without_ddp` is what evaluation runs: no DDP, but a compiled bare model stays compiled; `eval_mode` runs a
+block in eval mode and gives every submodule its mode back.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 from torch import nn
 
@@ -26,3 +30,15 @@ def without_ddp(model: nn.Module) -> nn.Module:
     if isinstance(inner, nn.Module) and unwrap_model(inner) is inner:
         return model  # compiled bare model: its forward never communicates either
     return unwrap_model(model)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put `model` in eval mode for the block and restore every submodule's previous mode after it."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training

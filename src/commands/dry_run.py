@@ -12,27 +12,32 @@ import torch
 from torch import nn
 
 from src import comm
-from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.checkpoint.trained_run import TrainedRun
 from src.models import count_norm_layers
+from src.precision import autocast, model_dtype
+from src.tasks import Task, get_task
 
 
-def forward_one_batch(module: nn.Module, images: torch.Tensor, *, device: torch.device, amp: str,
-                      channels_last: bool, targets: Optional[torch.Tensor] = None,
-                      loss_fn: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None) -> dict[str, Any]:
-    """One forward of `images` through `module` in its current mode, without gradients; output shape and loss.
+def forward_one_batch(module: nn.Module, images: Any, task: Task, *, device: torch.device, amp: str,
+                      channels_last: bool, targets: Any = None,
+                      loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None) -> dict[str, Any]:
+    """One forward of `images` through `module` in its current mode, without gradients; shapes and loss.
 
-    Every rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this
-    rank's own: the dry run reduces nothing.
+    Training mode runs the task's training forward (with `targets`), eval mode its evaluation forward. Every
+    rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this rank's
+    own: the dry run reduces nothing.
     """
-    images = images.to(device, model_dtype(module))
-    if channels_last:
+    dtype = model_dtype(module)
+    images = (images.to(device, dtype) if isinstance(images, torch.Tensor)
+              else [image.to(device, dtype) for image in images])
+    if channels_last and isinstance(images, torch.Tensor):
         images = images.contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), autocast(amp, device):
-        outputs = module(images)
-        loss = loss_fn(outputs, targets.to(device)) if loss_fn is not None and targets is not None else None
-    logits = upcast(outputs["out"] if isinstance(outputs, dict) else outputs)
-    result: dict[str, Any] = {"output": tuple(logits.shape)}
+        outputs = (task.forward(module, images, targets) if module.training else task.eval_forward(module, images))
+        loss = loss_fn(outputs, targets) if loss_fn is not None and targets is not None else None
+    described = (str(tuple(images.shape)) if isinstance(images, torch.Tensor)
+                 else f"{len(images)} image(s), the first {tuple(images[0].shape) if len(images) else ()}")
+    result: dict[str, Any] = {"input": described, "output": task.describe_output(outputs)}
     if loss is not None:
         value = float(loss)
         if not torch.isfinite(torch.tensor(value)):
@@ -57,9 +62,9 @@ def trained_run_facts(trained: TrainedRun, loader: Any, action: str) -> dict[str
     batch = next(iter(loader), None)
     shape = "none (empty shard)"
     if batch is not None:
-        out = forward_one_batch(trained.model, batch[0], device=trained.device, amp=config.trainer.amp,
-                                channels_last=config.trainer.channels_last)
-        shape = f"input {tuple(batch[0].shape)} -> output {out['output']}"
+        out = forward_one_batch(trained.model, batch[0], get_task(trained.task), device=trained.device,
+                                amp=config.trainer.amp, channels_last=config.trainer.channels_last)
+        shape = f"input {out['input']} -> output {out['output']}"
     return {
         "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
         "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "

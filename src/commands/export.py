@@ -114,8 +114,10 @@ def inference_module(model: nn.Module) -> nn.Module:
 
 
 def example_size(train_cfg: DictConfig, task: str) -> int:
-    """The side of the example image: what the model was trained on (classification crop, segmentation crop)."""
-    return int(train_cfg.data.image_size if task == "classification" else train_cfg.data.crop_size)
+    """The side of the example image: what the model was trained on (the task says which crop that is)."""
+    from src.tasks import get_task
+
+    return get_task(task).export_size(train_cfg.data)
 
 
 def dynamic_shapes() -> dict[str, dict[int, Any]]:

@@ -2,41 +2,36 @@
 
 Steps: check the arguments, read the trained run (src/engine/checkpoint/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/commands/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard (ExactEvalSampler: every image
-exactly once), predict, gather to rank 0, and write there (nothing with trainer.dry_run=true):
-- classification: each image through the training data's evaluation resize / crop
-  (src.data.transforms.classification_predict_transform), the top-k classes and softmax probabilities
-  -> out/predictions.csv;
-- segmentation: each image at its own size, only normalised as in evaluation, the argmax per pixel
-  -> one palette PNG per input, at the input's size (src.data.palette.save_mask_png, as evaluate.py's export).
+(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
+(ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
+trainer.dry_run=true). Each image goes through the task's predict transform (src/data/task_data.py), and
+the task decides what is written (Task.predict in src/tasks/):
+- classification: the top-k classes and softmax probabilities -> out/predictions.csv;
+- segmentation: each image at its own size, the argmax per pixel -> one palette PNG per input, at the
+  input's size (src.data.palette.save_mask_png, as evaluate.py's export).
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
-from src.commands.predict_io import PREDICTIONS_CSV, ImageFiles, list_inputs, mask_names, write_predictions_csv
 from src.config import TrainConfig
 from src.data import ExactEvalSampler
 from src.data.config import coerce
-from src.data.palette import save_mask_png
-from src.data.samplers import check_each_index_once
-from src.data.seg_transforms import segmentation_predict_transform
-from src.data.transforms import classification_predict_transform
-from src.engine.amp import autocast, model_dtype, upcast
 from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
-from src.engine.evaluation.exports import gather_masks
+from src.precision import autocast, model_dtype
+from src.tasks import Task, get_task
+from src.tasks.predict_io import ImageFiles, list_inputs
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
 
 
 def run(cfg: DictConfig) -> Path:
@@ -54,14 +49,13 @@ def run(cfg: DictConfig) -> Path:
     try:
         if device.type == "cpu":
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        loader = _loader(config, trained.task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
+        task = get_task(trained.task)
+        loader = _loader(config, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
-        if trained.task == "classification":
-            written = _classify(trained, loader, relative, min(int(cfg.topk), len(trained.class_names)), out_dir)
-        else:
-            written = _segment(trained, loader, relative, out_dir)
+        written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
+                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader))
         comm.barrier()
         return written
     finally:
@@ -77,72 +71,30 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
     return Path(str(cfg.input)).expanduser(), Path(str(cfg.out)).expanduser()
 
 
-def _loader(config: TrainConfig, task: str, base: Path, relative: list[Path], batch_size: int,
+def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> DataLoader:
-    """This rank's contiguous shard of the inputs; segmentation one image per batch (each at its own size)."""
-    data_cfg = coerce(config.data)
-    if task == "classification":
-        transform = classification_predict_transform(data_cfg)
-    else:
-        transform = segmentation_predict_transform(data_cfg)
-        batch_size = 1
-    dataset = ImageFiles(base, relative, transform)
+    """This rank's contiguous shard of the inputs, through the task's predict transform and batch size."""
+    dataset = ImageFiles(base, relative, task.data.predict(coerce(config.data)))
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
         kwargs["persistent_workers"] = False
-    return DataLoader(dataset, batch_size=batch_size, drop_last=False,
+    if task.data.collate is not None:  # e.g. detection: a list of images, each at its own size
+        kwargs["collate_fn"] = task.data.collate
+    return DataLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
                       sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
 
 
-def _forward(trained: TrainedRun, images: torch.Tensor) -> torch.Tensor:
-    """Logits (float32, or float64 for trainer.dtype=float64) under the training run's autocast."""
-    settings = trained.config.trainer
-    images = images.to(trained.device, model_dtype(trained.model), non_blocking=True)
-    if settings.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
+def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
+    """The model's eval outputs for a batch of inputs, on the run's device and dtype, under its autocast."""
+    settings, dtype = trained.config.trainer, model_dtype(trained.model)
+    if isinstance(images, torch.Tensor):
+        images = images.to(trained.device, dtype, non_blocking=True)
+        if settings.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+    else:
+        images = [image.to(trained.device, dtype, non_blocking=True) for image in images]
     with torch.inference_mode(), autocast(settings.amp, trained.device):
-        out = trained.model(images)
-    return upcast(out["out"] if isinstance(out, dict) else out)
-
-
-def _classify(trained: TrainedRun, loader: DataLoader, relative: list[Path], k: int, out_dir: Path) -> Path:
-    rows: list[tuple[int, list[int], list[float]]] = []
-    for images, indices in loader:
-        probs = _forward(trained, images).softmax(dim=1)
-        top = probs.topk(k, dim=1)
-        rows += [(int(i), c.tolist(), p.tolist()) for i, c, p in zip(indices, top.indices.cpu(), top.values.cpu())]
-    gathered = sorted(r for part in comm.all_gather_object(rows) for r in part)
-    check_each_index_once([r[0] for r in gathered], len(relative), "inputs", EACH_ONCE_HINT)
-    path = out_dir / PREDICTIONS_CSV
-    if comm.is_main_process():
-        names = trained.class_names
-        write_predictions_csv(path, [relative[i].as_posix() for i, _, _ in gathered],
-                              [[names[c] for c in cs] for _, cs, _ in gathered], [ps for _, _, ps in gathered])
-        print(f"predicted {len(gathered)} image(s) on {comm.get_world_size()} process(es): {path}", flush=True)
-    return path
-
-
-def _segment(trained: TrainedRun, loader: DataLoader, relative: list[Path], out_dir: Path) -> Path:
-    """Masks go to rank 0 in rounds while predicting (gather_masks), so no rank holds more than a round."""
-    targets = mask_names(relative)
-
-    def masks() -> Iterator[tuple[int, np.ndarray]]:
-        for images, indices in loader:  # one image per batch
-            pred = _forward(trained, images).argmax(dim=1).to(torch.uint8).cpu()
-            yield from ((int(i), m.numpy()) for i, m in zip(indices, pred))
-
-    def write(index: int, mask: np.ndarray) -> None:
-        path = out_dir / targets[index]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_mask_png(path, mask)
-
-    seen = gather_masks(masks(), len(loader), write)
-    check_each_index_once(seen, len(relative), "inputs", EACH_ONCE_HINT)
-    if comm.is_main_process():
-        legend = ", ".join(f"{i}={n}" for i, n in enumerate(trained.class_names))
-        print(f"predicted {len(seen)} mask(s) on {comm.get_world_size()} process(es) under {out_dir} "
-              f"(palette PNGs, pixel value = class: {legend})", flush=True)
-    return out_dir
+        return task.eval_forward(trained.model, images)
 
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:

@@ -17,7 +17,7 @@ from src import comm, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
-from src.data.device_transforms import device_transforms_enabled, move_batch
+from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.batch_mix import build_mix
@@ -27,7 +27,6 @@ from src.engine.early_stop_hook import EarlyStopHook
 from src.engine.ema import build_ema
 from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
-from src.engine.losses import build_loss
 from src.engine.norm_health import check_norm_health
 from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_groups
 from src.engine.optim import build_optimizer, build_scheduler, trainable
@@ -48,6 +47,7 @@ from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
 from src.models.norms import checked_cuda_syncbn
+from src.tasks import Task, get_task
 
 log = logging.getLogger("src.commands.train")
 
@@ -114,7 +114,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     """Build data, model and TrainState, resume, assemble the hooks, train; returns the trainer and last metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = task_of(config)
+    task = get_task(task_of(config))
     data = build_datasets(config.data, seed=config.seed,
                           device_transforms=device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
@@ -132,12 +132,13 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 
     module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
 
-    loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
+    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
+                     aux_weight=config.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
                       saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
-                      buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform)
+                      buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
     trainer.train()
     if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
         tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
@@ -165,7 +166,7 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = task_of(config)
+    task = get_task(task_of(config))
     data = build_datasets(config.data, seed=config.seed,
                           device_transforms=device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
@@ -176,16 +177,17 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
     images, targets = next(iter(train_loader))
-    if data.device_transform is not None:  # uint8 from the workers: finish the batch as the trainer does
-        images, targets = move_batch(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
+    # As the trainer does: on the device in the model's dtype (uint8 batches finished by device transforms).
+    images, targets = task.to_device(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
                                      transform=data.device_transform)
-    loss = build_loss(task, settings.label_smoothing, data.ignore_index, config.model.aux_loss_weight)
-    batch = forward_one_batch(module, images, device=device, amp=settings.amp, channels_last=settings.channels_last,
-                              targets=targets, loss_fn=loss)
+    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
+                     aux_weight=config.model.aux_loss_weight)
+    batch = forward_one_batch(module, images, task, device=device, amp=settings.amp,
+                              channels_last=settings.channels_last, targets=targets, loss_fn=loss)
     steps = optimizer_steps_per_epoch(len(train_loader), settings.grad_accum_steps)
     effective = world * config.data.batch_size * settings.grad_accum_steps
     print_summary("train.py", {
-        "model": f"{config.model.name} ({task}, {data.num_classes} classes), norm={config.norm.name}",
+        "model": f"{config.model.name} ({task.name}, {data.num_classes} classes), norm={config.norm.name}",
         **model_facts(model),
         "world size": f"{world} process(es) on {device}",
         "batch": f"{config.data.batch_size} per rank, effective {effective} = {world} x {config.data.batch_size} x "
@@ -193,7 +195,7 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
         "data": f"{config.data.name}: {len(data.train)} train / {len(data.val)} val samples",
         "steps per epoch": f"{steps} optimizer steps ({len(train_loader)} micro-batches per rank); "
                            f"{settings.epochs} epoch(s), max_steps={settings.max_steps}",
-        "first batch": f"input {tuple(images.shape)} -> output {batch['output']}, loss {batch['loss']:.4f} (rank 0)",
+        "first batch": f"input {batch['input']} -> output {batch['output']}, loss {batch['loss']:.4f} (rank 0)",
         "run dir": str(run_dir),
     })
     # Every rank leaves together: a rank tearing the groups down while its peer is still between the forward's
@@ -220,15 +222,16 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
                       config=config_dict(config))
 
 
-def build_hooks(config: TrainConfig, task: str, data: DataBundle, val_loader: Any, tracker: Tracker,
+def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: Any, tracker: Tracker,
                 device: torch.device) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
     evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
     hooks: list[Hook] = [NormSyncHook(config.norm), MetricsHook(tracker, settings.log_every),
                          StopAtMaxSteps(settings.max_steps)]
-    if tracker.writer is not None and task == "classification":
-        hooks.append(SampleGridHook(partial(_log_grid, tracker, config)))
+    if tracker.writer is not None:  # the task's pictures of the first training batch (if it has any)
+        hooks.append(SampleGridHook(partial(task.log_train_samples, tracker.writer, mean=list(config.data.mean),
+                                            std=list(config.data.std))))
     if settings.precise_bn_batches:  # before EvalHook: the evaluation it precedes sees the recomputed statistics
         hooks.append(PreciseBNHook(settings, device))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
@@ -256,30 +259,23 @@ def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
     return True
 
 
-def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: str, data: DataBundle, device: torch.device,
+def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: Task, data: DataBundle, device: torch.device,
               amp: str) -> dict[str, float]:
     """The exact distributed evaluation of `module` on the validation set (the same dict on every rank)."""
     return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, ignore_index=data.ignore_index,
                     class_names=list(data.class_names))
 
 
-def _panels(tracker: Tracker, config: TrainConfig, task: str, data: DataBundle, device: torch.device) -> Any:
-    """image | truth | prediction pictures after each segmentation evaluation (rank 0, with TensorBoard)."""
-    if task != "segmentation" or tracker.writer is None:
+def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle, device: torch.device) -> Any:
+    """The task's pictures after each evaluation (rank 0, with TensorBoard)."""
+    if tracker.writer is None:
         return None
-    from src.engine.evaluation.visualize import log_segmentation_panels
-
-    return lambda model, step: log_segmentation_panels(
-        tracker.writer, model, data.val, step, device, mean=config.data.mean, std=config.data.std,
-        ignore_index=data.ignore_index, amp=config.trainer.amp)
+    return partial(_eval_pictures, task, tracker.writer, data.val, device=device, mean=list(config.data.mean),
+                   std=list(config.data.std), ignore_index=data.ignore_index, amp=config.trainer.amp)
 
 
-def _log_grid(tracker: Tracker, config: TrainConfig, images: torch.Tensor, targets: torch.Tensor, step: int) -> None:
-    """A grid of up to 32 training images in TensorBoard."""
-    from src.engine.evaluation.visualize import log_classification_grid
-
-    log_classification_grid(tracker.writer, images[:32].cpu(), step, targets=targets[:32].cpu(),
-                            mean=list(config.data.mean), std=list(config.data.std))
+def _eval_pictures(task: Task, writer: Any, dataset: Any, model: torch.nn.Module, step: int, **kwargs: Any) -> None:
+    task.log_eval_pictures(writer, model, dataset, step, **kwargs)
 
 
 def _close(tracker: Optional[Tracker], status: str) -> None:

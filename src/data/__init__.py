@@ -23,12 +23,13 @@ from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
-from src.data.seg_transforms import IGNORE_INDEX, segmentation_eval_transform, segmentation_train_transform
-from src.data.transforms import classification_eval_transform, classification_train_transform
+from src.data.seg_transforms import IGNORE_INDEX
+from src.data.task_data import TaskData, register_task_data, task_data
 
 __all__ = [
     "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
-    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch",
+    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch", "TaskData", "register_task_data",
+    "task_data",
 ]
 
 
@@ -39,7 +40,7 @@ class DataBundle:
     train: SeededTransformDataset
     val: SeededTransformDataset
     num_classes: int
-    task: str  # "classification" | "segmentation"
+    task: str  # the datasets' registered task (src/tasks/)
     ignore_index: int = IGNORE_INDEX  # 255; only segmentation masks contain it
     class_names: list[str] = field(default_factory=list)
     # data.device_transforms on: the training batches are uint8 and this finishes them on the device
@@ -65,12 +66,9 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
                          "data.device_transforms=true or data.decode_on_device=false")
     entry = dataset_entry(cfg.name)
     splits: Splits = entry.builder(cfg)
-    if entry.task == "classification":
-        train_tf, eval_tf = classification_train_transform(cfg, device_transforms), classification_eval_transform(cfg)
-        same_size = True  # the transforms crop every image to data.image_size
-    else:
-        train_tf, eval_tf = segmentation_train_transform(cfg, device_transforms), segmentation_eval_transform(cfg)
-        same_size = splits.val_same_size
+    handling = task_data(entry.task)  # the task's transforms (src/data/task_data.py)
+    train_tf, eval_tf = handling.train(cfg, device_transforms), handling.eval(cfg)
+    same_size = handling.fixed_size or splits.val_same_size
     names = list(splits.class_names)
     decoder = DeviceDecoder(train_tf) if cfg.decode_on_device else None
     if cfg.num_classes is not None and cfg.num_classes != len(names):
@@ -111,8 +109,10 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
     cfg = coerce(data_cfg)
     sampler = TrainBatchSampler(len(dataset), cfg.batch_size, rank=rank, world_size=world_size, seed=seed,
                                 shuffle=True, drop_last=drop_last)
-    # EncodedFiles (data.decode_on_device) collates its byte strings itself; others use default_collate.
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=getattr(dataset, "collate_fn", None),
+    # EncodedFiles (data.decode_on_device) collates its byte strings itself; others as their task says
+    # (default_collate unless the task's samples do not stack, e.g. detection's lists of boxes).
+    collate = getattr(dataset, "collate_fn", None) or task_data(dataset_entry(cfg.name).task).collate
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                       **_loader_kwargs(cfg))
 
 
@@ -122,8 +122,9 @@ def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: in
     Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
     """
     cfg = coerce(data_cfg)
-    batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) else 1
-    return DataLoader(IndexedDataset(dataset), batch_size=batch_size,
+    collate = task_data(dataset_entry(cfg.name).task).collate  # a task's own collation takes any sizes
+    batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
+    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
                       sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
                       **_loader_kwargs(cfg))
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.registry import DATASETS, dataset_entry
+from src.data.task_data import all_task_data, task_data
 from src.dataclass_config import to_dataclass
 
 
@@ -97,7 +98,7 @@ class DataConfig:
         _check_decode_on_device(self, entry.info.get("encoded_files", False))
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
-        if entry.info.get("varying_sizes") and entry.task == "classification":
+        if entry.info.get("varying_sizes") and task_data(entry.task).resize_then_crop:
             _at_least("resize_size", self.resize_size, self.image_size)  # eval: Resize, then CenterCrop
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
@@ -105,7 +106,7 @@ class DataConfig:
             raise ValueError(f"data.photometric_spread must be in [0, 1], got {self.photometric_spread}")
         if not 0 <= self.color_jitter <= 1:
             raise ValueError(f"data.color_jitter must be in [0, 1], got {self.color_jitter}")
-        _check_classification_augmentation(self, entry.task)
+        _check_image_only_augmentation(self, entry.task)
         if not 0 < self.scale_min <= self.scale_max:
             raise ValueError(f"data.scale_min and data.scale_max must satisfy 0 < scale_min <= scale_max, "
                              f"got {self.scale_min} and {self.scale_max}")
@@ -139,8 +140,9 @@ class DataConfig:
 AUTO_AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")
 
 
-def _check_classification_augmentation(cfg: DataConfig, task: str) -> None:
-    """data.auto_augment / data.random_erase: known values, classification only, under data.augment."""
+def _check_image_only_augmentation(cfg: DataConfig, task: str) -> None:
+    """data.auto_augment / data.random_erase: known values, for tasks whose targets they leave valid, under
+    data.augment."""
     if cfg.auto_augment not in AUTO_AUGMENT_POLICIES:
         raise ValueError(f"data.auto_augment must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, "
                          f"got {cfg.auto_augment!r}")
@@ -148,11 +150,12 @@ def _check_classification_augmentation(cfg: DataConfig, task: str) -> None:
     if isinstance(erase, bool) or not isinstance(erase, (int, float)) or not 0 <= erase <= 1:
         raise ValueError(f"data.random_erase is a probability in [0, 1] (0 = off), got {erase!r}")
     used = [k for k, on in (("auto_augment", cfg.auto_augment != "none"), ("random_erase", erase > 0)) if on]
-    if used and task != "classification":
-        # The policies' geometric operations (shear, rotate, translate) would have to move the mask with the
-        # image, and erasing would have to mark the erased pixels as ignored: not implemented, so refused.
-        raise ValueError(f"data.{used[0]} applies to classification only; data.name={cfg.name} is {task}: "
-                         f"remove it (segmentation augments with random scale, crop and flip)")
+    if used and not task_data(task).image_only_augmentations:
+        # The policies' geometric operations (shear, rotate, translate) would have to move masks and boxes with
+        # the image, and erasing would have to mark what it hides as ignored: not implemented, so refused.
+        offer = " and ".join(e.task for e in all_task_data() if e.image_only_augmentations)
+        raise ValueError(f"data.{used[0]} applies to {offer} only; data.name={cfg.name} is {task}: "
+                         f"remove it ({task} trains with its own augmentation: random scale, crop and flip)")
     if used and not cfg.augment:
         raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
                          f"set data.augment=true or remove data.{used[0]}")

@@ -12,6 +12,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
+from src.data.task_data import TaskData, register_task_data
 from src.data.transforms import PairTransform, normalize
 
 IGNORE_INDEX = 255
@@ -58,3 +59,7 @@ def segmentation_eval_transform(cfg: DataConfig) -> PairTransform:
 def segmentation_predict_transform(cfg: DataConfig) -> v2.Compose:
     """A new image (PIL or array) of any size -> the model's input at that size: what evaluation does to images."""
     return v2.Compose([v2.ToImage(), *normalize(cfg)])
+
+
+register_task_data(TaskData("segmentation", train=segmentation_train_transform, eval=segmentation_eval_transform,
+                            predict=segmentation_predict_transform))

@@ -10,6 +10,7 @@ from torchvision.transforms import v2
 from src.data.config import DataConfig
 from src.data.device_transforms import EraseBox
 from src.data.registry import dataset_entry
+from src.data.task_data import TaskData, register_task_data
 
 
 class PairTransform:
@@ -148,3 +149,8 @@ def to_mask(mask: Any, lut: torch.Tensor | None = None) -> tv_tensors.Mask:
     if lut is not None:
         t = lut[t.long()]
     return tv_tensors.Mask(t.to(torch.uint8))
+
+
+register_task_data(TaskData("classification", train=classification_train_transform, eval=classification_eval_transform,
+                            predict=classification_predict_transform, fixed_size=True, resize_then_crop=True,
+                            image_only_augmentations=True))

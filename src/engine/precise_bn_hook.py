@@ -23,7 +23,8 @@ from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.data.device_transforms import move_batch
-from src.engine.amp import PRECISIONS, autocast
+from src.engine.amp import PRECISIONS
+from src.precision import autocast
 from src.engine.hooks import Hook, TrainerView
 from src.engine.precise_bn import recompute_bn_stats
 

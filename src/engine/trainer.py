@@ -27,9 +27,10 @@ from torch import nn
 from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
-from src.data.device_transforms import DeviceTransform, move_batch, prefetch
+from src.data.device_transforms import DeviceTransform, prefetch
 from src.engine.accumulation import gradient_sync, micro_step
-from src.engine.amp import PRECISIONS, autocast
+from src.engine.amp import PRECISIONS
+from src.precision import autocast
 from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.finite import FiniteGuard
 from src.engine.hooks import Hook, StepOutput
@@ -37,6 +38,7 @@ from src.engine.norm_sync import sync_bn_buffers
 from src.engine.optim import current_lr
 from src.engine.checkpoint.state import TrainState
 from src.logger import progress
+from src.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class Trainer:
                  torch.Tensor], settings: TrainerConfig, device: torch.device, *, hooks: Sequence[Hook] = (),
                  saver: Optional[CheckpointSaver] = None, mix: Optional[Callable] = None,
                  eval_module: Optional[nn.Module] = None, buffer_sync: str = "none",
-                 device_transform: Optional[DeviceTransform] = None) -> None:
+                 device_transform: Optional[DeviceTransform] = None, task: Optional[Task] = None) -> None:
         self.state, self.module, self.loader, self.loss_fn = state, module, loader, loss_fn
         self.settings, self.device, self.saver, self.mix = settings, device, saver, mix
         self.dtype = PRECISIONS[settings.dtype]  # inputs are cast to it, like the model's weights
@@ -56,6 +58,8 @@ class Trainer:
         self.eval_module = eval_module if eval_module is not None else state.model
         self.buffer_sync = buffer_sync  # reduce | broadcast | none: per-rank BN statistics before eval/checkpoint
         self.device_transform = device_transform  # data.device_transforms: uint8 batches finished on the device
+        # How batches move, count and go through the model (src/tasks/); the default: stacked tensor batches.
+        self.task = task if task is not None else Task()
         self.epoch = state.progress.epoch  # the epoch being trained (or, in after_epoch, just trained)
         self.epoch_complete = False
         self.finishing = False
@@ -171,7 +175,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         images_seen, data_seconds = 0, 0.0
         started = waited = time.perf_counter()
-        move = partial(move_batch, device=self.device, dtype=self.dtype, transform=self.device_transform)
+        move = partial(self.task.to_device, device=self.device, dtype=self.dtype, transform=self.device_transform)
         # With device transforms, the next batch's copy runs on a side CUDA stream during this step.
         batches = (prefetch(self._bar, move, self.device) if self.device_transform is not None
                    else (move(*batch) for batch in self._bar))
@@ -180,8 +184,9 @@ class Trainer:
             images, targets = self._keep(images, targets)
             micro = micro_step(index, num_micro_batches, self.settings.grad_accum_steps)
             loss = self._forward_backward(images, targets, micro.loss_scale, micro.is_last_in_window)
-            loss_sum += loss.detach().double() * images.shape[0]
-            images_seen += images.shape[0]
+            size = self.task.batch_size(images)
+            loss_sum += loss.detach().double() * size
+            images_seen += size
             p.micro_batch = index + 1
             if micro.is_last_in_window:
                 grad_norm = self._optimizer_step()
@@ -196,9 +201,9 @@ class Trainer:
                 started = time.perf_counter()
             waited = time.perf_counter()
 
-    def _keep(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch on the device (src/data/device_transforms.move_batch): memory format, kept as self.batch."""
-        if self.settings.channels_last:
+    def _keep(self, images: Any, targets: Any) -> tuple[Any, Any]:
+        """A batch on the device (the task's to_device): memory format, kept as self.batch."""
+        if self.settings.channels_last:  # tasks whose images are not one tensor refuse it at validation
             images = images.contiguous(memory_format=torch.channels_last)
         self.batch = (images, targets)
         return images, targets
@@ -210,7 +215,7 @@ class Trainer:
             images, targets = self.mix(images, targets)
         with gradient_sync(self.module, sync):
             with autocast(self.settings.amp, self.device):
-                outputs = self.module(images)
+                outputs = self.task.forward(self.module, images, targets)
             loss = self.loss_fn(outputs, targets)
             self.state.scaler.scale(loss * loss_scale).backward()
         return loss

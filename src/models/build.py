@@ -26,7 +26,7 @@ def as_config(cfg: ConfigLike, schema: type[T]) -> T:
 
 
 def model_task(model_cfg: ConfigLike) -> str:
-    """"classification" or "segmentation" for a model config."""
+    """The task a model config's model is registered for (src/tasks/)."""
     cfg = as_config(model_cfg, ModelConfig)
     cfg.validate(check_files=False)
     return MODELS.get(cfg.name).task
@@ -57,8 +57,9 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     model = finalize_norms(model, ncfg)
     # Weights are loaded after the norm conversion: bn / syncbn / frozen_bn share state_dict keys.
     if weights_files and mcfg.backbone_weights:
-        if entry.task == "segmentation":
-            target, ignore = model.backbone, ("fc.",)
+        backbone = entry.info.get("backbone")  # where a model keeps its ResNet body, e.g. "backbone"
+        if backbone is not None:
+            target, ignore = model.get_submodule(backbone), ("fc.",)
         else:  # a classifier's own head (fc, classifier, head.fc, ...) is left to train from scratch
             target, ignore = model, tuple(f"{name}." for name in head_module_names(model))
         state, source = _weights(mcfg, entry, "backbone_weights")

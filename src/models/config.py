@@ -77,9 +77,10 @@ class ModelConfig:
                 and self.aux_loss_weight >= 0):
             raise ValueError(f"model.aux_loss_weight must be a finite number >= 0 (0 = no aux head), "
                              f"got {self.aux_loss_weight}")
-        if self.aux_loss_weight > 0 and entry.task != "segmentation":
-            raise ValueError(f"model.aux_loss_weight applies only to segmentation models; set "
-                             f"model.aux_loss_weight=0 for {self.name}")
+        if self.aux_loss_weight > 0 and not entry.info.get("aux_head"):
+            aux = ", ".join(dict.fromkeys(e.info.get("family", e.name) for e in MODELS if e.info.get("aux_head")))
+            raise ValueError(f"model.aux_loss_weight applies only to segmentation models with an auxiliary head "
+                             f"({aux or 'none registered'}); set model.aux_loss_weight=0 for {self.name}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
         check_decoder_stride(self.name, self.decoder_stride)

@@ -3,9 +3,12 @@
 A builder is `builder(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module`: it
 returns the network with norm_cfg's kind of norm layer in every norm position (the synchronised kinds,
 syncbn and torch_syncbn, are built as nn.BatchNorm2d and converted afterwards by build_model). The
-entry's task ("classification" | "segmentation") decides the loss, the metrics and which datasets fit.
+entry's task (a task registered in src/tasks/) decides the loss, the metrics and which datasets fit.
 Optional entry info: `family` (names a group of models for option checks), `arch=True` (the model is
-chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad options).
+chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad options),
+`backbone` (the attribute path of the model's ResNet body, which model.backbone_weights load into; without
+it they load into the whole model minus its head), `aux_head=True` (model.aux_loss_weight builds an auxiliary
+head).
 """
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ def _predict_on_ranks(rank: int, world: int, ckpt: str, source: str, out: str) -
     from hydra import compose, initialize_config_dir
 
     import src.commands.predict as predict
-    import src.engine.evaluation.exports as exports
+    import src.tasks.exports as exports
 
     # Several gather rounds with a handful of images. Put back afterwards: the rank's process is reused
     # by later tests (tests/support/gloo.py), which reset its environment and torch state, not module constants.

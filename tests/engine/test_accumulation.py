@@ -15,7 +15,7 @@ from src.config import TrainerConfig
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
 from src.engine.amp import build_scaler
 from src.engine.hooks import Hook
-from src.engine.losses import classification_loss
+from src.tasks.classification import classification_loss
 from src.engine.checkpoint.state import TrainState
 from src.engine.trainer import Trainer
 from src.models import build_model

@@ -20,7 +20,7 @@ from src.data.transforms import NormalizeUint8
 from src.engine.amp import build_scaler
 from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
 from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
-from src.engine.losses import classification_loss
+from src.tasks.classification import classification_loss
 from src.engine.preemption import PreemptionHook
 from src.engine.checkpoint.state import Progress, TrainState
 from src.engine.trainer import Trainer

@@ -40,7 +40,7 @@ class TrainedRun:
     """A checkpoint made ready to run: the model is on `device`, in eval mode, with the chosen weights loaded."""
 
     config: TrainConfig  # the stored training config with the overrides, validated (norm as rebuilt here)
-    task: str  # "classification" | "segmentation"
+    task: str  # the registered task's name (src/tasks/)
     model: nn.Module
     class_names: list[str]  # in label order; numbered "0".."N-1" for checkpoints that stored none
     epoch: Optional[int]  # the epoch its last optimizer step belongs to (metrics.jsonl's val row `epoch`)

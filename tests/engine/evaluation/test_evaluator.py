@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.data.samplers import ExactEvalSampler
 from src.engine.evaluation.evaluator import evaluate
-from src.engine.evaluation.exports import mask_filename
+from src.tasks.exports import mask_filename
 from tests.support.gloo import run_on_ranks
 
 NUM_CLS_SAMPLES, NUM_CLASSES = 101, 7
@@ -239,7 +239,7 @@ class _Writer:
 
 
 def test_segmentation_panels_show_image_truth_prediction_rows() -> None:
-    from src.engine.evaluation.visualize import colorize_mask, color_palette, fixed_sample_indices, log_segmentation_panels
+    from src.tasks.pictures import colorize_mask, color_palette, fixed_sample_indices, log_segmentation_panels
 
     data, model, writer = SegData(), tiny_segmenter().train(), _Writer()
     chosen = log_segmentation_panels(writer, model, data, 7, "cpu", count=3)
@@ -258,7 +258,7 @@ def test_segmentation_panels_show_image_truth_prediction_rows() -> None:
 
 
 def test_classification_grid_frames_right_and_wrong() -> None:
-    from src.engine.evaluation.visualize import log_classification_grid
+    from src.tasks.pictures import log_classification_grid
 
     writer = _Writer()
     images = torch.randn(3, 3, 6, 6)

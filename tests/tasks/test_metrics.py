@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from src.engine.evaluation.metrics import ConfusionMatrix, confusion_matrix, metric_name, topk_accuracy, topk_correct
+from src.tasks.metrics import ConfusionMatrix, confusion_matrix, metric_name, topk_accuracy, topk_correct
 
 
 def test_topk_by_hand() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from src.commands.predict import run
-from src.commands.predict_io import list_inputs, mask_names, write_predictions_csv
+from src.tasks.predict_io import list_inputs, mask_names, write_predictions_csv
 
 REPO = Path(__file__).resolve().parents[2]
 

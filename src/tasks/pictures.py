@@ -14,10 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.utils import make_grid
 
-from src.engine.amp import autocast, model_dtype, upcast
-from src.engine.evaluation.evaluator import eval_mode
+from src.precision import autocast, model_dtype, upcast
+from src.unwrap import eval_mode, unwrap_model
 from src.data.palette import color_palette
-from src.unwrap import unwrap_model
 
 _IGNORE_COLOUR = (255, 255, 255)  # ignored pixels are drawn white in the ground-truth panel
 

@@ -1,0 +1,157 @@
+"""The task interface: everything that differs between classification, segmentation, detection, ...
+
+A task is one object, registered once (src/tasks/registry.py) under the name that its datasets and models
+are registered with (`@DATASETS.register(..., task="detection")`). The engine and the commands only call
+these methods; no code outside src/tasks/ (and the data layer's TaskData, src/data/task_data.py, which
+holds the task's transforms and collation) asks which task it is running.
+
+Who calls what:
+- config validation: `metrics`, `per_class_prefix`, `higher_is_better`, `validate(config)`;
+- the training loop: `to_device`, `batch_size`, `forward` (training mode), `loss(...)`'s function;
+- evaluation (src/engine/evaluation/evaluator.py): `eval_batch`, `eval_forward`, `evaluator(...)`, whose
+  `process` sees every batch and whose `compute` (every rank, collectives) returns the metrics;
+- TensorBoard: `log_train_samples`, `log_eval_pictures`;
+- predict.py: `predict_batch_size`, `predict`; export.py: `export_size`; the dry run: `describe_output`.
+
+The defaults below are those of a model that maps a stacked image batch to one tensor (a classifier); a task
+overrides what differs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from src.data.device_transforms import DeviceTransform, move_batch
+from src.data.task_data import TaskData, task_data
+
+Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
+
+
+@dataclass
+class EvalContext:
+    """What an evaluator may need to know about the run and the data."""
+
+    num_classes: int
+    device: torch.device
+    dataset_size: Optional[int]  # None when the loader's dataset has no len(): the each-once check is then partial
+    ignore_index: int = 255
+    class_names: Optional[list[str]] = None
+    # `loss_fn(outputs, targets)`: unreduced losses (or a 0-dim mean) instead of the task's own loss.
+    loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None
+    export: Optional[Path] = None  # write predictions in dataset order here (docs/evaluation.md)
+
+
+class Evaluator(Protocol):
+    """Accumulates one rank's shard without communicating, then computes the metrics of all ranks together."""
+
+    def process(self, outputs: Any, targets: Any, indices: torch.Tensor) -> None:
+        """One batch: the model's eval outputs, the targets, the dataset indices of its samples (CPU int64)."""
+
+    def compute(self) -> dict[str, float]:
+        """The metrics over every rank's samples, the same dict on every rank (call on every rank)."""
+
+
+class Task:
+    """One kind of problem; subclass and register an instance (src/tasks/registry.py)."""
+
+    name: str = ""
+    metrics: tuple[str, ...] = ()  # validation metrics; the first ranks best-k checkpoints by default
+    per_class_prefix: Optional[str] = None  # e.g. "iou_": per-class metrics named <prefix><class> also exist
+    mixing: bool = False  # trainer.mixup_alpha / cutmix_alpha (MixUp / CutMix of batch and labels) apply
+
+    # --- config --------------------------------------------------------------------------------------------
+    @property
+    def default_metric(self) -> str:
+        """What trainer.best_metric=auto ranks checkpoints by."""
+        return self.metrics[0]
+
+    def knows_metric(self, name: str) -> bool:
+        """Whether evaluation reports `name` (a per-class metric counts)."""
+        return name in self.metrics or (self.per_class_prefix is not None and name.startswith(self.per_class_prefix))
+
+    @staticmethod
+    def higher_is_better(metric: str) -> bool:
+        """Losses fall, everything else rises."""
+        return not metric.removeprefix("ema_").endswith("loss")
+
+    def validate(self, config: Any) -> None:
+        """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig)."""
+        trainer = config.trainer
+        if not self.mixing and (trainer.mixup_alpha > 0 or trainer.cutmix_alpha > 0):
+            raise ValueError(f"trainer.mixup_alpha / trainer.cutmix_alpha mix images and their labels, which "
+                             f"{self.name} does not support; set them to 0")
+
+    # --- data ----------------------------------------------------------------------------------------------
+    @property
+    def data(self) -> TaskData:
+        """The data layer's part of the task: transforms and collation (src/data/task_data.py)."""
+        return task_data(self.name)
+
+    # --- training ------------------------------------------------------------------------------------------
+    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
+                  transform: Optional[DeviceTransform] = None) -> tuple[Any, Any]:
+        """A training batch from the loader on the device, images in the model's dtype."""
+        return move_batch(images, targets, device=device, dtype=dtype, transform=transform)
+
+    def batch_size(self, images: Any) -> int:
+        """Samples in a batch (the loss is averaged over micro-batches weighted by it)."""
+        return int(images.shape[0])
+
+    def forward(self, module: nn.Module, images: Any, targets: Any) -> Any:
+        """The training forward; models that compute their own losses take the targets here."""
+        return module(images)
+
+    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+        """The training loss of `forward`'s outputs (a subclass must say)."""
+        raise NotImplementedError(f"task {self.name!r} defines no training loss")
+
+    def describe_output(self, outputs: Any) -> str:
+        """The dry run's one-line description of a forward's outputs."""
+        return str(tuple(outputs.shape))
+
+    # --- evaluation ----------------------------------------------------------------------------------------
+    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
+        """(images in `dtype`, targets, dataset indices on the CPU) from an evaluation loader's batch."""
+        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+            raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
+                             "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices")
+        images, targets, indices = batch
+        return (images.to(device, dtype, non_blocking=True), targets.to(device, non_blocking=True),
+                torch.as_tensor(indices, dtype=torch.int64).cpu())
+
+    def eval_forward(self, net: nn.Module, images: Any) -> Any:
+        """The eval-mode forward whose outputs `evaluator().process` receives."""
+        return net(images)
+
+    def evaluator(self, context: EvalContext) -> Evaluator:
+        """A fresh accumulator for one evaluation (a subclass must say)."""
+        raise NotImplementedError(f"task {self.name!r} defines no evaluator")
+
+    # --- pictures (TensorBoard, rank 0; never communicating) ------------------------------------------------
+    def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
+                          std: Sequence[float]) -> None:
+        """Pictures of a training batch, once per run (default: none)."""
+
+    def log_eval_pictures(self, writer: Any, model: nn.Module, dataset: Any, step: int, device: torch.device, *,
+                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+        """Pictures after an evaluation (default: none)."""
+
+    # --- predict.py / export.py -----------------------------------------------------------------------------
+    def predict_batch_size(self, requested: int) -> int:
+        """predict.py's batch size (tasks whose inputs keep their own sizes may need 1)."""
+        return requested
+
+    def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
+                class_names: list[str], topk: int, batch_count: int) -> Path:
+        """Write predict.py's output for this rank's `batches` of (images, indices) and return what was written
+        (every rank calls it; rank 0 writes). `forward(images)` runs the model in eval mode under the run's
+        autocast; `files` are the inputs' relative paths, by index."""
+        raise NotImplementedError(f"predict.py does not support task {self.name!r}")
+
+    def export_size(self, train_data: Any) -> int:
+        """The side of export.py's example image for a run trained with data config `train_data`."""
+        return int(train_data.image_size)

@@ -1,0 +1,32 @@
+"""The task interface: one registration per task, and no task switches outside the task modules."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from src.data import DATASETS, task_data
+from src.models import MODELS
+from src.tasks import all_tasks, get_task, task_names
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_code_outside_the_task_modules_compares_a_task_name() -> None:
+    names = "|".join(map(re.escape, task_names()))
+    quoted = rf"""["']({names})["']"""
+    switch = re.compile(rf"""(==|!=)\s*{quoted}|{quoted}\s*(==|!=)|\bin\s*[(\[{{][^)\]}}]*{quoted}""")
+    files = [*REPO.glob("*.py"), *REPO.glob("scripts/**/*.py"), *REPO.glob("src/**/*.py")]
+    found = [f"{f.relative_to(REPO)}:{n}: {line.strip()}" for f in files if "tasks" not in f.relative_to(REPO).parts
+             for n, line in enumerate(f.read_text().splitlines(), 1) if switch.search(line)]
+    assert len(files) > 50 and not found, "\n".join(found)
+
+
+def test_every_dataset_and_model_names_a_registered_task_with_its_data_handling() -> None:
+    for entry in (*DATASETS, *MODELS):
+        assert get_task(entry.task).name == entry.task
+    for task in all_tasks():
+        assert task_data(task.name).task == task.name and task.metrics and "loss" in task.metrics
+    with pytest.raises(ValueError, match=r"task .depth. is not registered; registered tasks: .*classification"):
+        get_task("depth")
