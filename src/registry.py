@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-TASKS = ("classification", "segmentation")
+TASKS = ("classification", "segmentation", "detection")
 
 Builder = TypeVar("Builder", bound=Callable[..., Any])
 
