@@ -112,6 +112,7 @@ def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
     _images(path, data["images"], images_dir)
     label_of = {cid: k for k, (cid, _) in enumerate(categories, start=1)}
     image_ids = {im["id"] for im in data["images"]}
+    known_ids = ", ".join(str(c) for c, _ in categories[:20]) + (", ..." if len(categories) > 20 else "")
     problems: list[str] = []
     kept: list[dict[str, Any]] = []
     crowd = degenerate = 0
@@ -127,7 +128,7 @@ def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
             problems.append(f"{name} has image_id {a.get('image_id')!r}, which is not in 'images'")
         if a.get("category_id") not in label_of:
             problems.append(f"{name} has category_id {a.get('category_id')!r}, which is not in 'categories' "
-                            f"(ids {', '.join(str(c) for c, _ in categories[:20])}{', ...' if len(categories) > 20 else ''})")
+                            f"(ids {known_ids})")
         if len(problems) > before:
             continue
         if a.get("iscrowd", 0):

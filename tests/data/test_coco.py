@@ -74,7 +74,8 @@ CASES = [
     ("not_coco", _edit_val(lambda d: d.pop("categories")), ValueError,
      r"instances_val\.json is not a COCO annotation file: 'categories' missing"),
     ("unknown_image_id", _set("annotations", 1, "image_id", value=99), ValueError,
-     r"instances_val\.json: 1 problem\(s\) in 'annotations': annotations\[1\] \(id 101\) has image_id 99, which is not in 'images'"),
+     r"instances_val\.json: 1 problem\(s\) in 'annotations': "
+     r"annotations\[1\] \(id 101\) has image_id 99, which is not in 'images'"),
     ("unknown_category_id", _set("annotations", 4, "category_id", value=5), ValueError,
      r"annotations\[4\] \(id 104\) has category_id 5, which is not in 'categories' \(ids 3, 7\)"),
     ("bbox_length", _set("annotations", 0, "bbox", value=[1, 2, 3]), ValueError,

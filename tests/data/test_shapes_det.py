@@ -19,7 +19,8 @@ ARGS = dict(image_size=64, num_shape_kinds=KINDS, min_shapes=3, max_shapes=6, ra
 
 
 def test_deterministic_and_the_shapes_seg_scenes() -> None:
-    cached, fresh = ShapesDetection(3, "val", 20, cache=True, **ARGS), ShapesDetection(3, "val", 20, cache=False, **ARGS)
+    cached = ShapesDetection(3, "val", 20, cache=True, **ARGS)
+    fresh = ShapesDetection(3, "val", 20, cache=False, **ARGS)
     seg = ShapesSegmentation(3, "val", 20, **ARGS)
     for i in (0, 7):
         image, target = cached[i]

@@ -16,7 +16,7 @@ def _check_shapes_det(cfg: DataConfig) -> None:
 
 @DATASETS.register("shapes_det", task="detection", check=_check_shapes_det)
 def build_shapes_det(cfg: DataConfig) -> Splits:
-    """data.min_shapes..max_shapes shapes per image; data.num_classes counts the background (kinds = num_classes - 1)."""
+    """data.min_shapes..max_shapes shapes per image; data.num_classes counts the background (kinds + 1)."""
     kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
     common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
                   max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
