@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import TrainConfig, refuse_renamed_groups, validate_config
 from src.data import dataset_task
+from src.models import MODELS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -33,6 +34,8 @@ def _companions(group: str, option: str) -> list[str]:
         return ["data=shapes_seg"]
     if group == "data" and dataset_task(option) == "segmentation":
         return ["model=deeplabv3_resnet18"]
+    if group == "data" and dataset_task(option) == "detection" and MODELS.names("detection"):
+        return [f"model={MODELS.names('detection')[0]}"]
     return []
 
 
@@ -44,6 +47,11 @@ def test_every_group_option_composes_and_validates(group: str, option: str) -> N
     cfg = _compose([f"{group}={option}", *_companions(group, option)])
     if group == "norm" and option == "torch_syncbn" and not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch_syncbn"):
+            validate_config(cfg)
+        return
+    if group == "data" and dataset_task(option) == "detection" and not MODELS.names("detection"):
+        # Detection data sets are registered before any detection model: the pairing check must refuse them.
+        with pytest.raises(ValueError, match=f"data.name={option} is a detection dataset"):
             validate_config(cfg)
         return
     checked = validate_config(cfg)

@@ -37,7 +37,7 @@ class DataConfig:
     train_size: int = 10000
     val_size: int = 2000
     image_size: int = 32  # shapes: side of the generated images; imagefolder: train/eval crop size
-    # Classes the model predicts. shapes: shape kinds; shapes_seg: background + kinds;
+    # Classes the model predicts. shapes: shape kinds; shapes_seg, shapes_det: background + kinds;
     # other datasets: derived (null), and a given value must match the dataset.
     num_classes: Optional[int] = None
     generator_seed: int = 0
@@ -45,11 +45,12 @@ class DataConfig:
     # shapes: per-image contrast gain and brightness/colour offsets (0 = off, 1 = strong), so that the
     # statistics of a small batch differ from the set's (src/data/shapes.py, scripts/syncbn_benefit.py).
     photometric_spread: float = 0.0
-    min_shapes: int = 2  # shapes_seg: shapes per image, drawn in [min_shapes, max_shapes]
+    min_shapes: int = 2  # shapes_seg, shapes_det: shapes per image, drawn in [min_shapes, max_shapes]
     max_shapes: int = 4
-    min_shape_size: float = 0.2  # shapes_seg: shape radius range, as a fraction of the image's shorter side
+    min_shape_size: float = 0.2  # shapes_seg, shapes_det: shape radius range, as a fraction of the image's shorter side
     max_shape_size: float = 0.34
-    variable_val_size: bool = False  # shapes_seg: validation images of varying sizes (0.75..1.25 x image_size)
+    # shapes_seg, shapes_det: validation images of varying sizes (0.75..1.25 x image_size)
+    variable_val_size: bool = False
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 
     # Classification augmentation.
@@ -76,7 +77,8 @@ class DataConfig:
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
 
-    # Sub-folders (imagefolder, segfolder), image sets (VOC) or splits (Cityscapes) to train and validate on.
+    # Sub-folders (imagefolder, segfolder), image sets (VOC), splits (Cityscapes) or COCO-format image folders
+    # with annotations/instances_<split>.json (coco) to train and validate on.
     train_split: str = "train"
     val_split: str = "val"
     # segfolder: masks/<image path without extension><mask_suffix>.png, e.g. "_mask" for a_mask.png.

@@ -219,24 +219,44 @@ def make_segmentation_image(seed: int, split: str, index: int, size: int, num_cl
 
     Shape radii are drawn in radius_range x the shorter side.
     """
+    img, owner, kinds = make_instance_image(seed, split, index, size, num_classes, min_shapes, max_shapes,
+                                            variable_size, noise_std, radius_range, photometric_spread)
+    lut = np.zeros(len(kinds) + 1, dtype=np.uint8)
+    lut[1:] = np.asarray(kinds, dtype=np.int64) + 1
+    return img, lut[owner]
+
+
+def make_instance_image(seed: int, split: str, index: int, size: int, num_classes: int,
+                        min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
+                        noise_std: float = 10.0, radius_range: tuple[float, float] = (0.2, 0.34),
+                        photometric_spread: float = 0.0) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The scene of make_segmentation_image (the same image for the same arguments), by instance.
+
+    Returns the image (uint8 HxWx3), the owner map (HxW; 0 = background, j = the j-th shape drawn, so
+    later shapes lie on top) and the kind of each shape (kinds[j - 1] is shape j's index in SHAPE_NAMES).
+    A shape may be hidden completely by later ones, or lie partly outside the image: owner == j holds
+    only its visible pixels (the same rule as the mask: top-most coverage >= one half).
+    """
     check_num_classes(num_classes)
     h, w = segmentation_image_size(seed, split, index, size, variable_size)
     rng = _rng(seed, split, index, 2)
     img = _background(rng, h, w)
-    mask = np.zeros((h, w), dtype=np.uint8)
     bg_colour = img[h // 2, w // 2].copy()
     n = int(rng.integers(min_shapes, max_shapes + 1))
+    owner = np.zeros((h, w), dtype=np.min_scalar_type(n))
+    kinds: list[int] = []
     side = min(h, w)
-    for _ in range(n):
+    for j in range(1, n + 1):
         kind = int(rng.integers(0, num_classes))
         radius = rng.uniform(*radius_range) * side
         cy = rng.uniform(0, h - 1)
         cx = rng.uniform(0, w - 1)
         colour = _shape_colour(rng, bg_colour)
         alpha, box = _paint(img, rng, SHAPE_NAMES[kind], cy, cx, radius, colour)
-        mask[box][alpha >= 0.5] = kind + 1
+        owner[box][alpha >= 0.5] = j
+        kinds.append(kind)
     _photometric(img, seed, split, index, photometric_spread)
-    return _finish(img, rng, noise_std), mask
+    return _finish(img, rng, noise_std), owner, kinds
 
 
 def check_num_classes(num_classes: int) -> None:

@@ -91,3 +91,63 @@ class ShapesSegmentation(_CachedShapes):
     def __getitem__(self, index: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         img, mask = self.raw(index)
         return tv_tensors.Image(torch.from_numpy(img).permute(2, 0, 1)), tv_tensors.Mask(torch.from_numpy(mask))
+
+
+# Shapes with fewer visible pixels than this (hidden by later shapes or cut by the border) get no box: a few
+# pixels of a shape cannot tell its kind, and a detector should not be asked to find them.
+MIN_VISIBLE_AREA = 16
+
+
+def visible_boxes(owner: np.ndarray, kinds: list[int],
+                  min_area: int = MIN_VISIBLE_AREA) -> tuple[np.ndarray, np.ndarray]:
+    """Tight boxes of each shape's visible pixels (owner == j) and their labels (kind + 1).
+
+    Boxes are float32 [K, 4] XYXY in pixel units with x2, y2 exclusive (a shape covering columns 3..7 has
+    x1 = 3, x2 = 8), so x2 - x1 is the width in pixels; labels are int64 [K]. Shapes with fewer than
+    `min_area` visible pixels are left out, so K <= len(kinds).
+    """
+    boxes, labels = [], []
+    for j, kind in enumerate(kinds, start=1):
+        visible = owner == j
+        if int(visible.sum()) < min_area:
+            continue
+        rows = np.flatnonzero(visible.any(axis=1))
+        cols = np.flatnonzero(visible.any(axis=0))
+        boxes.append((cols[0], rows[0], cols[-1] + 1, rows[-1] + 1))
+        labels.append(kind + 1)
+    return (np.asarray(boxes, dtype=np.float32).reshape(-1, 4), np.asarray(labels, dtype=np.int64))
+
+
+class ShapesDetection(_CachedShapes):
+    """(tv_tensors.Image uint8 [3, H, W], {"boxes": BoundingBoxes XYXY float32 [K, 4], "labels": int64 [K]}).
+
+    The scenes of ShapesSegmentation (the same images for the same arguments), with one box per visible
+    shape: labels are kind + 1 (0 is the background, as in the segmentation masks).
+    """
+
+    def __init__(self, seed: int, split: str, length: int, image_size: int, num_shape_kinds: int,
+                 min_shapes: int = 2, max_shapes: int = 4, variable_size: bool = False,
+                 noise_std: float = 10.0, cache: bool = True,
+                 radius_range: tuple[float, float] = (0.2, 0.34), photometric_spread: float = 0.0) -> None:
+        super().__init__(seed, split, length, cache)
+        shapes.check_num_classes(num_shape_kinds)
+        self.image_size, self.num_shape_kinds = image_size, num_shape_kinds
+        self.min_shapes, self.max_shapes = min_shapes, max_shapes
+        self.variable_size, self.noise_std = variable_size, noise_std
+        self.radius_range = (float(radius_range[0]), float(radius_range[1]))
+        self.photometric_spread = photometric_spread
+        self.classes = ["background"] + list(shapes.SHAPE_NAMES[:num_shape_kinds])
+
+    def _generate(self, index: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        # Only the image and the boxes are kept (the cache's share): the owner map is not needed afterwards.
+        img, owner, kinds = shapes.make_instance_image(
+            self.seed, self.split, index, self.image_size, self.num_shape_kinds, self.min_shapes, self.max_shapes,
+            self.variable_size, self.noise_std, self.radius_range, self.photometric_spread)
+        return img, visible_boxes(owner, kinds)
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, dict[str, torch.Tensor]]:
+        img, (boxes, labels) = self.raw(index)
+        h, w = img.shape[:2]
+        target = {"boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes.copy()), format="XYXY", canvas_size=(h, w)),
+                  "labels": torch.from_numpy(labels.copy())}
+        return tv_tensors.Image(torch.from_numpy(img).permute(2, 0, 1)), target

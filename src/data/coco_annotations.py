@@ -1,0 +1,145 @@
+"""COCO-format annotation files: read, checked entry by entry, and cleaned for training.
+
+Checked (each error names the file and the entries, up to a few of each kind, with their count):
+- the file is JSON holding an object with the lists "images", "annotations" and "categories";
+- every category has an integer "id" (unique) and a "name"; every image an integer "id" (unique) and a
+  "file_name"; every annotation an "image_id" and a "category_id" that the file defines and a "bbox" of
+  4 finite numbers [x, y, width, height];
+- every image file exists under the images folder (existence only: a corrupt file fails when it is read).
+
+Cleaned: crowd annotations ("iscrowd": 1, regions of many objects) and boxes of zero or negative width or
+height are dropped (counted); category ids are mapped to contiguous labels 1..K in increasing id order
+(0 is the background); annotation ids are renumbered 1..N (no annotation is looked up by its own id).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SHOWN = 5  # entries named per kind of problem
+
+
+@dataclass
+class CocoAnnotations:
+    """One split's annotations after the checks: `data` is a COCO dict whose category ids are the labels."""
+
+    path: Path
+    data: dict[str, Any]  # "images", "annotations" (category_id = label 1..K), "categories" (id = label)
+    categories: list[tuple[int, str]]  # (original category id, name), in id order: label k is entry k - 1
+    crowd_dropped: int = 0
+    degenerate_dropped: int = 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _entry(kind: str, i: int, item: Any) -> str:
+    """How an entry is named in messages: its position and, when it has one, its id."""
+    ident = item.get("id") if isinstance(item, dict) else None
+    return f"{kind}[{i}]" + (f" (id {ident!r})" if ident is not None else "")
+
+
+def _raise(path: Path, problems: list[str], what: str) -> None:
+    if problems:
+        shown = "; ".join(problems[:_SHOWN]) + ("; ..." if len(problems) > _SHOWN else "")
+        raise ValueError(f"{path}: {len(problems)} problem(s) in {what!r}: {shown}")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The file's object with its three COCO lists; ValueError naming the file and what is missing otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSON file ({exc}); a COCO annotation file is a JSON object") from None
+    lists = ("images", "annotations", "categories")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a COCO annotation file (an object with "
+                         f"the lists {', '.join(map(repr, lists))})")
+    missing = [k for k in lists if not isinstance(data.get(k), list)]
+    if missing:
+        raise ValueError(f"{path} is not a COCO annotation file: {', '.join(map(repr, missing))} missing or not a "
+                         f"list (a COCO file is an object with the lists {', '.join(map(repr, lists))})")
+    return data
+
+
+def _categories(path: Path, entries: list[Any]) -> list[tuple[int, str]]:
+    problems, seen = [], set()
+    for i, c in enumerate(entries):
+        if not isinstance(c, dict) or not _integer(c.get("id")) or not isinstance(c.get("name"), str):
+            problems.append(f"{_entry('categories', i, c)} needs an integer 'id' and a string 'name'")
+        elif c["id"] in seen:
+            problems.append(f"{_entry('categories', i, c)} repeats category id {c['id']}")
+        else:
+            seen.add(c["id"])
+    _raise(path, problems, "categories")
+    if not entries:
+        raise ValueError(f"{path} defines no categories: 'categories' must list the classes "
+                         "([{\"id\": 1, \"name\": \"cat\"}, ...])")
+    return sorted((c["id"], c["name"]) for c in entries)
+
+
+def _images(path: Path, entries: list[Any], images_dir: Path) -> None:
+    problems, seen, absent = [], set(), []
+    for i, im in enumerate(entries):
+        if not isinstance(im, dict) or not _integer(im.get("id")) or not isinstance(im.get("file_name"), str):
+            problems.append(f"{_entry('images', i, im)} needs an integer 'id' and a string 'file_name'")
+        elif im["id"] in seen:
+            problems.append(f"{_entry('images', i, im)} repeats image id {im['id']}")
+        else:
+            seen.add(im["id"])
+            if not (images_dir / im["file_name"]).is_file():
+                absent.append(f"{im['file_name']!r} (image id {im['id']})")
+    _raise(path, problems, "images")
+    if absent:
+        shown = ", ".join(absent[:_SHOWN]) + (", ..." if len(absent) > _SHOWN else "")
+        raise FileNotFoundError(f"{path} lists {len(absent)} image(s) that are not in {images_dir.resolve()}: "
+                                f"{shown}; each 'file_name' is relative to that folder")
+
+
+def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
+    """Read, check and clean one split's annotation file (see the module docstring); errors name the entries."""
+    data = read_json(path)
+    categories = _categories(path, data["categories"])
+    _images(path, data["images"], images_dir)
+    label_of = {cid: k for k, (cid, _) in enumerate(categories, start=1)}
+    image_ids = {im["id"] for im in data["images"]}
+    known_ids = ", ".join(str(c) for c, _ in categories[:20]) + (", ..." if len(categories) > 20 else "")
+    problems: list[str] = []
+    kept: list[dict[str, Any]] = []
+    crowd = degenerate = 0
+    for i, a in enumerate(data["annotations"]):
+        name = _entry("annotations", i, a)
+        if not isinstance(a, dict):
+            problems.append(f"{name} is not an object")
+            continue
+        bbox, before = a.get("bbox"), len(problems)
+        if not isinstance(bbox, list) or len(bbox) != 4 or not all(_number(v) for v in bbox):
+            problems.append(f"{name} has bbox {bbox!r}: it must be [x, y, width, height], 4 numbers")
+        if a.get("image_id") not in image_ids:
+            problems.append(f"{name} has image_id {a.get('image_id')!r}, which is not in 'images'")
+        if a.get("category_id") not in label_of:
+            problems.append(f"{name} has category_id {a.get('category_id')!r}, which is not in 'categories' "
+                            f"(ids {known_ids})")
+        if len(problems) > before:
+            continue
+        if a.get("iscrowd", 0):
+            crowd += 1
+        elif bbox[2] <= 0 or bbox[3] <= 0:
+            degenerate += 1
+        else:
+            kept.append({"id": len(kept) + 1, "image_id": a["image_id"], "category_id": label_of[a["category_id"]],
+                         "bbox": [float(v) for v in bbox], "iscrowd": 0, "area": float(bbox[2] * bbox[3])})
+    _raise(path, problems, "annotations")
+    images = [{k: im[k] for k in ("id", "file_name", "width", "height") if k in im} for im in data["images"]]
+    cleaned = {"images": images, "annotations": kept,
+               "categories": [{"id": label_of[cid], "name": name} for cid, name in categories]}
+    return CocoAnnotations(path, cleaned, categories, crowd, degenerate)

@@ -1,0 +1,123 @@
+"""Detection data in COCO format (`data=coco`): COCO 2017 itself, or your own images with a COCO json.
+
+    <data.root>/
+        <data.train_split>/...                          images; each "file_name" is relative to this folder
+        <data.val_split>/...
+        annotations/instances_<data.train_split>.json
+        annotations/instances_<data.val_split>.json
+
+conf/data/coco.yaml names the splits train2017 and val2017 (COCO 2017 as extracted). Everything is checked
+when the dataset is built, before training (src/data/coco_annotations.py: each error names the file and the
+entry); crowd annotations and boxes without area are dropped, category ids become labels 1..K in id order.
+Loading goes through torchvision's CocoDetection (pycocotools' index) and its transforms-v2 wrapper, which
+turns the [x, y, w, h] boxes into XYXY BoundingBoxes.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from torchvision import datasets, tv_tensors
+from torchvision.datasets.vision import VisionDataset
+
+from src.data.coco_annotations import CocoAnnotations, load_annotations
+from src.data.config import DataConfig
+from src.data.download import require_dir, resolve_root
+from src.data.registry import DATASETS, Splits
+from src.data.transforms import to_image
+
+log = logging.getLogger(__name__)
+
+ANNOTATIONS_DIR = "annotations"
+LAYOUT = ("coco expects <root>/<split>/ with the images and <root>/annotations/instances_<split>.json, the split "
+          "names from data.train_split and data.val_split (docs/detection.md); set data.root")
+
+
+def annotation_path(root: Path, split: str) -> Path:
+    """Where a split's annotation file must be: <root>/annotations/instances_<split>.json."""
+    return root / ANNOTATIONS_DIR / f"instances_{split}.json"
+
+
+class _IndexedCoco(datasets.CocoDetection):
+    """CocoDetection over an index built from an already checked and cleaned dict, so the file is parsed once."""
+
+    def __init__(self, images_dir: Path, coco: Any) -> None:
+        VisionDataset.__init__(self, str(images_dir))
+        self.coco = coco
+        self.ids = sorted(coco.imgs.keys())  # what CocoDetection.__init__ sets
+
+
+class CocoDetectionSet(Dataset):
+    """(tv_tensors.Image uint8 [3, H, W], {"boxes": BoundingBoxes XYXY float32 [K, 4], "labels": int64 [K]}).
+
+    Samples are in increasing image id order (`image_ids[i]` is sample i's); boxes are clamped to the image
+    and those left without area dropped. `coco` is the pycocotools index of the cleaned annotations (category
+    ids = labels), for COCO-style evaluation.
+    """
+
+    def __init__(self, images_dir: Path, annotations: CocoAnnotations) -> None:
+        # Imported here, as torchvision does, so that the other datasets work without pycocotools.
+        from pycocotools.coco import COCO
+
+        coco = COCO()
+        coco.dataset = annotations.data
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints "creating index..."
+            coco.createIndex()
+        self.coco = coco
+        base = _IndexedCoco(images_dir, coco)
+        self.image_ids: list[int] = list(base.ids)
+        self._samples = datasets.wrap_dataset_for_transforms_v2(base, target_keys={"boxes", "labels"})
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, dict[str, torch.Tensor]]:
+        image, target = self._samples[index]
+        image = to_image(image)
+        h, w = image.shape[-2:]
+        if "boxes" in target:  # the wrapper gives no boxes for an image without annotations
+            boxes = target["boxes"].as_subclass(torch.Tensor).to(torch.float32)
+            boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)  # annotation tools let boxes overhang by a pixel or so
+            boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
+            labels = target["labels"].to(torch.int64)
+            keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+            boxes, labels = boxes[keep], labels[keep]
+        else:
+            boxes, labels = torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)
+        return image, {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": labels}
+
+
+@DATASETS.register("coco", task="detection", varying_sizes=True)
+def build_coco(cfg: DataConfig) -> Splits:
+    """Both splits checked (src/data/coco_annotations.py); the validation split must have the training categories."""
+    root = resolve_root(cfg.root)
+    loaded: dict[str, tuple[Path, CocoAnnotations]] = {}
+    for split in (cfg.train_split, cfg.val_split):
+        images_dir, ann_file = root / split, annotation_path(root, split)
+        require_dir(images_dir, f"coco images of split {split!r}", LAYOUT)
+        if not ann_file.is_file():
+            raise FileNotFoundError(f"coco annotations of split {split!r} not found: expected the file "
+                                    f"{ann_file.resolve()} ({LAYOUT})")
+        loaded[split] = images_dir, load_annotations(ann_file, images_dir)
+    train, val = loaded[cfg.train_split][1], loaded[cfg.val_split][1]
+    if val.categories != train.categories:
+        raise ValueError(f"{val.path} and {train.path} define different categories ({_describe(val.categories)} vs "
+                         f"{_describe(train.categories)}): both splits must list the same ids and names, since "
+                         "labels follow the category ids")
+    for split, (_, ann) in loaded.items():
+        log.info("coco %s: %d images, %d boxes, %d categories; dropped %d crowd and %d zero-area annotations",
+                 split, len(ann.data["images"]), len(ann.data["annotations"]), len(ann.categories),
+                 ann.crowd_dropped, ann.degenerate_dropped)
+    names = ["background"] + [name for _, name in train.categories]
+    return Splits(CocoDetectionSet(loaded[cfg.train_split][0], train), CocoDetectionSet(loaded[cfg.val_split][0], val),
+                  names, val_same_size=False)
+
+
+def _describe(categories: list[tuple[int, str]]) -> str:
+    shown = ", ".join(f"{cid}: {name!r}" for cid, name in categories[:8])
+    return f"{len(categories)}: {shown}{', ...' if len(categories) > 8 else ''}"

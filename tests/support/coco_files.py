@@ -1,0 +1,67 @@
+"""Tiny COCO-format folders on disk: `data=coco`'s layout, with images whose boxes are painted in.
+
+    root/<split>/<file_name>                    images (PNG, or JPEG by the name's extension)
+    root/annotations/instances_<split>.json     the annotation dict as given
+
+Each annotated box is filled with its category's colour on a grey background, so a model or a metric sees
+the objects where the json says they are.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+# Category ids not contiguous and listed out of order on purpose: labels must follow the ids (3 -> 1, 7 -> 2).
+CATEGORIES = [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}]
+CLASS_NAMES = ["background", "cat", "dog"]
+_COLOURS = {3: (220, 40, 40), 7: (40, 40, 220)}
+
+
+def tiny_coco() -> dict[str, Any]:
+    """Four images (one JPEG, one without annotations), both categories, one crowd and one zero-width box.
+
+    Non-square images (H != W), so a swapped canvas size shows. What survives the cleaning, per image id:
+    1: cat [2, 3, 12, 8] and dog [20, 10, 30, 22]; 2: dog [0, 0, 16, 12] (its crowd box dropped);
+    3: cat [5, 5, 25, 15] (its zero-width box dropped); 4: none.
+    """
+    images = [{"id": 1, "file_name": "a.png", "width": 40, "height": 24},
+              {"id": 2, "file_name": "b.jpg", "width": 32, "height": 20},
+              {"id": 3, "file_name": "sub/c.png", "width": 36, "height": 28},
+              {"id": 4, "file_name": "d.png", "width": 16, "height": 16}]
+    boxes = [(1, 3, [2, 3, 10, 5], 0), (1, 7, [20, 10, 10, 12], 0), (2, 7, [0, 0, 16, 12], 0),
+             (2, 3, [4, 4, 20, 10], 1), (3, 3, [5, 5, 20, 10], 0), (3, 7, [8, 8, 0, 6], 0)]
+    annotations = [{"id": 100 + i, "image_id": img, "category_id": cat, "bbox": bbox, "iscrowd": crowd,
+                    "area": bbox[2] * bbox[3]} for i, (img, cat, bbox, crowd) in enumerate(boxes)]
+    return {"images": images, "annotations": annotations, "categories": copy.deepcopy(CATEGORIES)}
+
+
+def write_coco_split(root: Path, split: str, data: dict[str, Any]) -> Path:
+    """Write `data` as root/annotations/instances_<split>.json and its images under root/<split>/.
+
+    Image sizes come from each entry's width and height; returns the json's path.
+    """
+    for im in data.get("images", []):
+        pixels = np.full((im["height"], im["width"], 3), 128, dtype=np.uint8)
+        for a in data.get("annotations", []):
+            if a.get("image_id") == im["id"] and len(a.get("bbox", ())) == 4:
+                x, y, w, h = (int(round(v)) for v in a["bbox"])
+                pixels[max(y, 0):y + h, max(x, 0):x + w] = _COLOURS.get(a.get("category_id"), (0, 200, 0))
+        path = root / split / im["file_name"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(path, **({"quality": 95} if path.suffix == ".jpg" else {}))
+    ann = root / "annotations" / f"instances_{split}.json"
+    ann.parent.mkdir(parents=True, exist_ok=True)
+    ann.write_text(json.dumps(data))
+    return ann
+
+
+def write_coco_folder(root: Path, train: dict[str, Any] | None = None, val: dict[str, Any] | None = None) -> Path:
+    """root/{train,val}/ and root/annotations/instances_{train,val}.json (tiny_coco() for each by default)."""
+    write_coco_split(root, "train", tiny_coco() if train is None else train)
+    write_coco_split(root, "val", tiny_coco() if val is None else val)
+    return root
