@@ -55,7 +55,8 @@ def run(cfg: DictConfig) -> Path:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
         written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
-                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader))
+                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
+                               draw=bool(cfg.get("draw", False)), score_threshold=float(cfg.get("score_threshold", 0.0)))
         comm.barrier()
         return written
     finally:

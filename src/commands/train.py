@@ -116,7 +116,8 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     configure_determinism(settings.deterministic)
     task = get_task(task_of(config))
     data = build_datasets(config.data, seed=config.seed,
-                          device_transforms=device_transforms_enabled(config.data.device_transforms, device))
+                          device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
+                          and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, config.data, rank, world)
 
@@ -168,7 +169,8 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     configure_determinism(settings.deterministic)
     task = get_task(task_of(config))
     data = build_datasets(config.data, seed=config.seed,
-                          device_transforms=device_transforms_enabled(config.data.device_transforms, device))
+                          device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
+                          and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     build_eval_loader(data.val, config.data, rank, world)
     if len(train_loader) == 0:
@@ -237,7 +239,7 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
     if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
         hooks.append(EarlyStopHook(settings.early_stop))
-    hooks.append(CheckpointHook(settings.checkpoint_every))
+    hooks.append(CheckpointHook(settings.checkpoint_every, shown=(*task.metrics, f"ema_{task.default_metric}")))
     if settings.compile:
         hooks.append(CompileReport())
     # Last: it sees the step's or the epoch's checkpoint already requested or written.

@@ -23,6 +23,8 @@ from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
+# The transform modules register their task's TaskData (transforms and collation) when imported.
+from src.data import det_transforms, transforms  # noqa: F401
 from src.data.seg_transforms import IGNORE_INDEX
 from src.data.task_data import TaskData, register_task_data, task_data
 
@@ -122,7 +124,7 @@ def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: in
     Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
     """
     cfg = coerce(data_cfg)
-    collate = task_data(dataset_entry(cfg.name).task).collate  # a task's own collation takes any sizes
+    collate = task_data(dataset_entry(cfg.name).task).eval_collate  # a task's own collation takes any sizes
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
     return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
                       sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,

@@ -13,6 +13,8 @@ import torch
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
+from src.data.det_collate import detection_collate, detection_collate_indexed
+from src.data.task_data import TaskData, register_task_data
 
 
 class DetectionTransform:
@@ -40,12 +42,15 @@ def _finish() -> list[Any]:
     return [v2.ToDtype(torch.float32, scale=True), v2.SanitizeBoundingBoxes()]
 
 
-def detection_train_transform(cfg: DataConfig) -> DetectionTransform:
+def detection_train_transform(cfg: DataConfig, on_device: bool = False) -> DetectionTransform:
     """Flip (data.hflip) and colour jitter (data.color_jitter > 0) under data.augment, then float32 in [0, 1].
 
     Cheap on purpose: random IoU crops and zoom-outs (SSD's) cost more than the small models they would feed,
     and scale jitter would be undone by the models' own resizing.
     """
+    if on_device:
+        raise ValueError("detection batches cannot finish on the device (data.device_transforms): they are lists "
+                         "of images with their boxes; set data.device_transforms=false or auto")
     steps: list[Any] = [v2.ToImage()]
     if cfg.augment:
         if cfg.hflip:
@@ -59,3 +64,13 @@ def detection_train_transform(cfg: DataConfig) -> DetectionTransform:
 def detection_eval_transform(cfg: DataConfig) -> DetectionTransform:
     """Each image as it is, as float32 in [0, 1] (the model resizes; its boxes come back in image pixels)."""
     return DetectionTransform(v2.Compose([v2.ToImage(), *_finish()]))
+
+
+def detection_predict_transform(cfg: DataConfig) -> v2.Compose:
+    """A new image of any size -> the model's input: float32 in [0, 1], at its own size (the model resizes)."""
+    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+
+
+register_task_data(TaskData("detection", train=detection_train_transform, eval=detection_eval_transform,
+                            predict=detection_predict_transform, device_transforms=False,
+                            collate=detection_collate, eval_collate=detection_collate_indexed))

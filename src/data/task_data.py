@@ -27,8 +27,11 @@ class TaskData:
     image_only_augmentations: bool = False
     # data.device_transforms: the training transform can stop before normalisation (uint8 batches).
     device_transforms: bool = True
-    # Batching: None = torch's default_collate (tensors stacked); else a function of the list of samples.
+    # Batching: None = torch's default_collate (tensors stacked); else a function of the list of samples:
+    # `collate` of (image, target) pairs (and predict.py's (image, index) pairs), `eval_collate` of the
+    # evaluation loader's (image, target, index) triples, which must yield (images, targets, int64 indices).
     collate: Optional[Callable[[list], Any]] = None
+    eval_collate: Optional[Callable[[list], Any]] = None
 
 
 _TASKS: dict[str, TaskData] = {}

@@ -40,7 +40,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -204,8 +204,9 @@ class EvalHook(Hook):
 class CheckpointHook(Hook):
     """last.pt every `every` optimizer steps (0: off) and after every epoch; best-k after evaluations."""
 
-    def __init__(self, every: int) -> None:
+    def __init__(self, every: int, shown: Sequence[str] = ("loss",)) -> None:
         self.every = every
+        self.shown = tuple(shown)  # the metrics the epoch's log line shows (the task's, and their EMA twins)
 
     def after_step(self, trainer: TrainerView) -> None:
         """Ask for last.pt on the step schedule (written once all hooks of the step have run)."""
@@ -216,7 +217,7 @@ class CheckpointHook(Hook):
         """Write last.pt, and a best-k file when these weights were just evaluated."""
         path = trainer.save_checkpoint()
         metrics = trainer.state.metrics
-        shown = [k for k in ("loss", "top1", "top5", "miou", "pixel_acc", "ema_top1", "ema_miou") if k in metrics]
+        shown = [k for k in self.shown if k in metrics]
         log.info("epoch %d done at step %d (%.0fs): %s; checkpoint %s", trainer.epoch, trainer.state.progress.step,
                  time.perf_counter() - trainer.started,
                  ", ".join(f"{k}={metrics[k]:.4g}" for k in shown) or "not evaluated", path)

@@ -146,10 +146,12 @@ class Task:
         return requested
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int) -> Path:
+                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
+                score_threshold: float = 0.0) -> Path:
         """Write predict.py's output for this rank's `batches` of (images, indices) and return what was written
         (every rank calls it; rank 0 writes). `forward(images)` runs the model in eval mode under the run's
-        autocast; `files` are the inputs' relative paths, by index."""
+        autocast; `files` are the inputs' relative paths, by index; `draw` and `score_threshold` are predict.py's
+        options for tasks that draw their predictions and score them (detection)."""
         raise NotImplementedError(f"predict.py does not support task {self.name!r}")
 
     def export_size(self, train_data: Any) -> int:

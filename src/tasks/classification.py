@@ -107,7 +107,8 @@ class Classification(Task):
                                 std=list(std))
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int) -> Path:
+                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
+                score_threshold: float = 0.0) -> Path:
         """out/predictions.csv: per input, the top-k classes and their softmax probabilities."""
         k = min(topk, len(class_names))
         rows: list[tuple[int, list[int], list[float]]] = []

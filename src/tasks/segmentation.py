@@ -130,7 +130,8 @@ class Segmentation(Task):
         return 1
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int) -> Path:
+                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
+                score_threshold: float = 0.0) -> Path:
         """One palette PNG per input (pixel value = class); masks reach rank 0 in rounds (gather_masks)."""
         targets = mask_names(files)
 

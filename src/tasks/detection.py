@@ -1,0 +1,259 @@
+"""Object detection: boxes and classes per image, with torchvision's detection models (FCOS, RetinaNet, ...).
+
+The models follow torchvision's protocol: in training `model(images, targets)` returns a dict of losses
+(summed into the training loss), in evaluation `model(images)` returns per image {"boxes" (xyxy, in the
+input's pixels), "scores", "labels"}. Images are lists of float [3, H, W] tensors in 0..1 (the model resizes
+and normalises them itself); targets are lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K]} with
+labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes_det.py and coco.py.
+
+Evaluation: COCO mAP@[.5:.95] (`map`) and mAP@.5 (`map50`) from torchmetrics' MeanAveragePrecision (the
+pycocotools backend). Each rank keeps its images' predictions and ground truth by dataset index; one
+all_gather_object brings every image's to every rank, sorted by index, and the metric is computed on all of
+them in that order: exactly what one process computes, for any world size.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from src import comm
+from src.data.samplers import check_each_index_once
+from src.precision import upcast
+from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.evaluation import check_each_sample_once
+from src.tasks.registry import register_task
+
+EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+PREDICTIONS_JSON = "predictions.json"
+BOXES_FOLDER = "boxes"  # predict.py draw=true: the inputs with their boxes drawn
+PICTURE_SCORE = 0.3  # TensorBoard pictures draw the predictions scoring at least this
+
+
+def _cpu_target(target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"boxes": target["boxes"].detach().to("cpu", torch.float32).as_subclass(torch.Tensor).reshape(-1, 4),
+            "labels": target["labels"].detach().to("cpu", torch.int64).as_subclass(torch.Tensor).reshape(-1)}
+
+
+def _cpu_prediction(prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"boxes": upcast(prediction["boxes"].detach()).cpu().float().reshape(-1, 4),
+            "scores": upcast(prediction["scores"].detach()).cpu().float().reshape(-1),
+            "labels": prediction["labels"].detach().cpu().long().reshape(-1)}
+
+
+def detection_loss(losses: dict[str, torch.Tensor], targets: Any = None) -> torch.Tensor:
+    """The sum of the model's losses (classification, box regression, centerness, ...), in float32 at least."""
+    if not isinstance(losses, dict) or not losses:
+        raise ValueError("a detection model must return a dict of losses in training mode (torchvision's "
+                         f"protocol: model(images, targets)), got {type(losses).__name__}")
+    return sum(upcast(v) for v in losses.values())
+
+
+def mean_average_precision(predictions: Sequence[dict[str, torch.Tensor]],
+                           targets: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """COCO box mAP of per-image predictions against ground truth (torchmetrics), as {"map", "map50", "map75"}."""
+    from torchmetrics.detection import MeanAveragePrecision
+
+    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools")
+    if predictions:
+        metric.update(list(predictions), list(targets))
+        result = metric.compute()
+        values = {"map": float(result["map"]), "map50": float(result["map_50"]), "map75": float(result["map_75"])}
+    else:
+        values = {"map": math.nan, "map50": math.nan, "map75": math.nan}
+    # pycocotools reports -1 where no ground truth exists at all: undefined, as NaN.
+    return {k: (math.nan if v < 0 else v) for k, v in values.items()}
+
+
+class DetectionEvaluator:
+    """Per-image predictions and ground truth, gathered once by index (see the module docstring)."""
+
+    def __init__(self, context: EvalContext) -> None:
+        if context.loss_fn is not None:
+            raise ValueError("detection evaluation reports mAP; a loss_fn does not apply (the models compute "
+                             "their losses only in training mode)")
+        self.context = context
+        self.rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+
+    def process(self, outputs: list[dict[str, torch.Tensor]], targets: Sequence[dict[str, torch.Tensor]],
+                indices: torch.Tensor) -> None:
+        """One batch: the model's detections and the ground truth of its images."""
+        if len(outputs) != len(targets):
+            raise ValueError(f"the model returned {len(outputs)} detection lists for {len(targets)} images")
+        self.rows += [(int(i), _cpu_prediction(p), _cpu_target(t)) for i, p, t in zip(indices, outputs, targets)]
+
+    def compute(self) -> dict[str, float]:
+        """One all_gather_object of every rank's rows, sorted by index; the same mAP on every rank."""
+        rows = sorted((r for part in comm.all_gather_object(self.rows) for r in part), key=lambda r: r[0])
+        check_each_sample_once(torch.tensor([r[0] for r in rows], dtype=torch.int64), self.context.dataset_size)
+        if self.context.export is not None and comm.is_main_process():
+            write_predictions_json(self.context.export / PREDICTIONS_JSON, [str(r[0]) for r in rows],
+                                   [r[1] for r in rows], self.context.class_names or [], key="index")
+        return mean_average_precision([r[1] for r in rows], [r[2] for r in rows])
+
+
+def write_predictions_json(path: Path, names: list[str], predictions: list[dict[str, torch.Tensor]],
+                           class_names: list[str], *, key: str = "file", score_threshold: float = 0.0) -> int:
+    """One JSON row per box: {key: name, "class", "score", "x1", "y1", "x2", "y2"} (pixels of the image);
+    returns the number of rows."""
+    rows = []
+    for name, p in zip(names, predictions):
+        for box, score, label in zip(p["boxes"].tolist(), p["scores"].tolist(), p["labels"].tolist()):
+            if score >= score_threshold:
+                cls = class_names[label] if 0 <= label < len(class_names) else str(label)
+                rows.append({key: name, "class": cls, "score": round(score, 6),
+                             **{c: round(v, 2) for c, v in zip(("x1", "y1", "x2", "y2"), box)}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    return len(rows)
+
+
+def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, labels: list[str], colour: str = "red") -> torch.Tensor:
+    """A float [3, H, W] image in 0..1 with its boxes drawn (uint8 [3, H, W])."""
+    from torchvision.utils import draw_bounding_boxes
+
+    pixels = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+    return draw_bounding_boxes(pixels, boxes.detach().float().cpu(), labels=labels, colors=colour, width=1)
+
+
+class Detection(Task):
+    """Images -> boxes with classes; the model computes its own losses from the targets."""
+
+    name = "detection"
+    metrics = ("map", "map50", "map75")
+
+    def validate(self, config: Any) -> None:
+        """What the detection loop cannot do, refused before any process starts."""
+        super().validate(config)
+        trainer = config.trainer
+        refused = [
+            (trainer.channels_last, "trainer.channels_last=true",
+             "the images are a list of differently sized tensors that the model batches itself"),
+            (config.data.device_transforms is True, "data.device_transforms=true",
+             "the training batches are lists of images with their boxes (set data.device_transforms=auto or false)"),
+            (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
+             "its training-mode forward needs each batch's boxes"),
+            (trainer.label_smoothing > 0, f"trainer.label_smoothing={trainer.label_smoothing}",
+             "the detectors' classification losses are their own (focal loss)"),
+            (trainer.compile, "trainer.compile=true",
+             "the detectors' box decoding and NMS have data-dependent shapes"),
+            (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
+             "its stages are not known to the trainer"),
+        ]
+        for on, key, why in refused:
+            if on:
+                raise ValueError(f"{key} does not apply to detection: {why}; remove it")
+        if config.trainer.best_metric == "loss" or config.trainer.early_stop.name.endswith("loss"):
+            raise ValueError("detection is evaluated by mAP only (no validation loss): rank checkpoints and stop "
+                             f"early by one of {self.metrics}")
+
+    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
+                  transform: Any = None) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        """Lists of images (model dtype) and target dicts on the device."""
+        return ([image.to(device, dtype, non_blocking=True) for image in images],
+                [{k: v.to(device, non_blocking=True) for k, v in target.items()} for target in targets])
+
+    def batch_size(self, images: Any) -> int:
+        """Images in the list."""
+        return len(images)
+
+    def forward(self, module: torch.nn.Module, images: Any, targets: Any) -> dict[str, torch.Tensor]:
+        """torchvision's training protocol: the model's losses for these images and boxes."""
+        return module(list(images), list(targets))
+
+    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+        """The sum of the model's losses."""
+        return detection_loss
+
+    def describe_output(self, outputs: Any) -> str:
+        """Losses in training mode, detections per image in eval mode."""
+        if isinstance(outputs, dict):
+            return "losses " + ", ".join(f"{k}={float(v):.4f}" for k, v in outputs.items())
+        return f"{[len(o['boxes']) for o in outputs]} boxes per image"
+
+    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
+        """Images on the device; the ground truth stays on the CPU, where mAP is computed."""
+        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+            raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
+                             "src.data.build_eval_loader")
+        images, targets, indices = batch
+        return ([image.to(device, dtype, non_blocking=True) for image in images], list(targets),
+                torch.as_tensor(indices, dtype=torch.int64).cpu())
+
+    def eval_forward(self, net: torch.nn.Module, images: Any) -> Any:
+        """Per image {"boxes", "scores", "labels"}."""
+        return net(list(images))
+
+    def evaluator(self, context: EvalContext) -> DetectionEvaluator:
+        """map, map50, map75 (COCO, torchmetrics)."""
+        return DetectionEvaluator(context)
+
+    def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
+                          std: Sequence[float]) -> None:
+        """The first training images with their ground-truth boxes."""
+        from torchvision.utils import make_grid
+
+        tiles = [draw_boxes(im, t["boxes"], [str(int(c)) for c in t["labels"]], "lime")
+                 for im, t in list(zip(images, targets))[:8]]
+        if tiles and len({tuple(t.shape) for t in tiles}) == 1:
+            writer.add_image("train/samples", make_grid(torch.stack(tiles), nrow=4, padding=2), global_step=step,
+                             dataformats="CHW")
+
+    def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
+                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+        """A few fixed validation images with ground truth (green) and predictions scoring >= 0.3 (red)."""
+        from src.precision import autocast, model_dtype
+        from src.tasks.pictures import fixed_sample_indices
+        from src.unwrap import eval_mode, unwrap_model
+
+        net = unwrap_model(model)
+        for n, index in enumerate(fixed_sample_indices(len(dataset), 4)):
+            image, target = dataset[index][:2]
+            with eval_mode(net), torch.inference_mode(), autocast(amp, device):
+                pred = _cpu_prediction(net([image.to(device, model_dtype(net))])[0])
+            keep = pred["scores"] >= PICTURE_SCORE
+            drawn = draw_boxes(image, target["boxes"], [""] * len(target["boxes"]), "lime")
+            drawn = draw_boxes(drawn.float() / 255, pred["boxes"][keep],
+                               [f"{int(c)}:{s:.2f}" for c, s in zip(pred["labels"][keep], pred["scores"][keep])])
+            writer.add_image(f"val/detections_{n}", drawn, global_step=step, dataformats="CHW")
+
+    def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
+                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
+                score_threshold: float = 0.0) -> Path:
+        """out/predictions.json: one row per box scoring at least `score_threshold`; with draw=true also
+        out/boxes/<input path>.png, each input with its boxes."""
+        rows: list[tuple[int, dict[str, torch.Tensor]]] = []
+        for images, indices in batches:
+            rows += [(int(i), _cpu_prediction(p)) for i, p in zip(indices, forward(images))]
+            if draw:
+                for image, i, (_, p) in zip(images, indices, rows[-len(images):]):
+                    keep = p["scores"] >= score_threshold
+                    picture = draw_boxes(image, p["boxes"][keep], [f"{class_names[c]} {s:.2f}" for c, s in
+                                                                   zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())])
+                    target = out_dir / BOXES_FOLDER / files[int(i)].with_suffix(".png")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    from torchvision.io import write_png
+
+                    write_png(picture, str(target))
+        gathered = sorted((r for part in comm.all_gather_object(rows) for r in part), key=lambda r: r[0])
+        check_each_index_once([r[0] for r in gathered], len(files), "inputs", EACH_ONCE_HINT)
+        path = out_dir / PREDICTIONS_JSON
+        if comm.is_main_process():
+            count = write_predictions_json(path, [files[i].as_posix() for i, _ in gathered], [p for _, p in gathered],
+                                           class_names, score_threshold=score_threshold)
+            print(f"predicted {count} box(es) in {len(gathered)} image(s) on {comm.get_world_size()} process(es): "
+                  f"{path}", flush=True)
+        return path
+
+    def export_size(self, train_data: Any) -> int:
+        """Refused: see the message."""
+        raise ValueError("export.py does not export detection models: torchvision's detectors take a list of "
+                         "images of any size and return per image a number of boxes that depends on the data "
+                         "(score filtering and NMS), which the exported single-tensor interface cannot express; "
+                         "use predict.py, or load the checkpoint's model in PyTorch")
+
+
+DETECTION = register_task(Detection())
