@@ -107,7 +107,7 @@ class ModelConfig:
                 torchvision_weights(weights_source(self, family, key), name, f"model.{key}")
         if self.pretrained and family != "timm":
             hint = "model.weights=DEFAULT" if family in ("torchvision", "resnet") else "model.weights=<local file>"
-            if family in ("deeplabv3", "deeplabv3plus"):
+            if MODELS.get(self.name).info.get("backbone"):  # a ResNet trunk with heads: DeepLab, detection
                 hint = "model.backbone_weights=DEFAULT"
             raise ValueError(f"model.pretrained=true applies to model=timm only; for model={self.name} use {hint}")
         if self.pretrained and (self.weights or self.backbone_weights):
