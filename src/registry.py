@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-TASKS = ("classification", "segmentation")
+TASKS = ("classification", "segmentation", "detection")
 
 Builder = TypeVar("Builder", bound=Callable[..., Any])
 
@@ -38,7 +38,7 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, task: str, **info: Any) -> Callable[[Builder], Builder]:
-        """Decorator: register `builder` under `name` for `task` ("classification" or "segmentation")."""
+        """Decorator: register `builder` under `name` for `task` (one of TASKS)."""
         if task not in TASKS:
             raise ValueError(f"{self.key}={name!r}: task must be one of {TASKS}, got {task!r}")
 

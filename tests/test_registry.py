@@ -33,4 +33,4 @@ def test_duplicate_and_bad_task_are_errors() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         reg.register("shapes", task="classification")(lambda: None)
     with pytest.raises(ValueError, match="task must be one of"):
-        reg.register("x", task="detection")
+        reg.register("x", task="keypoints")

@@ -3,9 +3,12 @@
 A builder is `builder(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module`: it
 returns the network with norm_cfg's kind of norm layer in every norm position (the synchronised kinds,
 syncbn and torch_syncbn, are built as nn.BatchNorm2d and converted afterwards by build_model). The
-entry's task ("classification" | "segmentation") decides the loss, the metrics and which datasets fit.
-Optional entry info: `family` (names a group of models for option checks), `arch=True` (the model is
-chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad options).
+entry's task ("classification" | "segmentation" | "detection") decides the loss, the metrics and which
+datasets fit. Optional entry info: `family` (names a group of models for option checks), `arch=True` (the
+model is chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad
+options), `backbone` (the torchvision ResNet inside, whose weights names model.backbone_weights takes) with
+`backbone_attr` (its dotted path in the model, where model.backbone_weights are loaded), and
+`detection_image_size=True` (the model resizes its inputs itself: model.detection_image_size applies).
 """
 from __future__ import annotations
 
