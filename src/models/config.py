@@ -31,7 +31,7 @@ class ModelConfig:
     # Segmentation only: weight of the auxiliary FCN head's loss (on layer3); 0 builds no aux head.
     aux_loss_weight: float = 0.0
     # Segmentation: width of the ASPP / decoder convolutions; detection: of the FPN and the heads (256 in the
-    # papers and in torchvision; detection needs a multiple of 32, the heads' GroupNorm groups).
+    # papers and in torchvision; FCOS and RetinaNet need a multiple of 32 >= 64: their heads use GroupNorm(32)).
     head_channels: int = 256
     # DeepLabV3+ only: output stride of the decoder's logits. 4 = the paper's decoder on layer1 features;
     # 2 = a further stage on the stem's features, for small images (64 px: 32x32 logits instead of 16x16).

@@ -12,9 +12,12 @@ What differs from torchvision's `fcos_resnet50_fpn` & co., and why:
   P2 (torchvision: 32); FCOS keeps torchvision's P3-P7 scale ranges (points at strides 8-128).
 - model.head_channels sets the FPN's and the heads' width (256 in the papers).
 
+- FCOS and RetinaNet have no classification output for the background (ObjectClassesOnly).
+
 The models keep torchvision's API: in training `model(images, targets)` -> dict of losses, in eval
 `model(images)` -> [{"boxes", "scores", "labels"}] per image; images are float [3, H, W] in 0..1 (the
-transform normalises them with ImageNet's mean and std), num_classes includes the background (label 0).
+transform normalises them with ImageNet's mean and std), num_classes includes the background (label 0:
+never a target's or a prediction's label; objects are 1..num_classes-1).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ Target = dict[str, torch.Tensor]  # {"boxes": float [K, 4] x1 y1 x2 y2 in pixels
 BACKBONES = ("resnet18", "resnet34", "resnet50")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
-HEAD_GROUPS = 32  # the FCOS / RetinaNet heads' GroupNorm groups (torchvision's): model.head_channels % 32 == 0
+HEAD_GROUPS = 32  # the FCOS / RetinaNet heads' GroupNorm groups (torchvision's)
 # The backbone ResNet's state_dict lives here (model.backbone_weights are loaded into it; `fc.*` is ignored).
 BACKBONE_ATTR = "backbone.body"
 
@@ -58,6 +61,41 @@ class DetectionTransform(GeneralizedRCNNTransform):
         if self.size is None:
             return image, target
         return super().resize(image, target)
+
+
+class ObjectClassesOnly:
+    """For the sigmoid-scored detectors (FCOS, RetinaNet): one classification output per object class.
+
+    Their heads score every class with its own sigmoid; "background" is every score being low, not an
+    output. torchvision's builders still give them an output for label 0, trained as a class that never
+    occurs and still present in the predictions with low scores. Built with num_classes - 1 outputs
+    instead, the targets' labels 1..num_classes-1 are shifted to 0..num_classes-2 for the loss and the
+    predictions' back, so label 0 means background for every detector here, as for Faster R-CNN (softmax).
+    """
+
+    num_object_classes: int  # set by the builder: the head's outputs
+
+    def compute_loss(self, targets: list[Target], *args: object) -> dict[str, torch.Tensor]:
+        labels = torch.cat([t["labels"] for t in targets])
+        if len(labels) and not bool(((labels >= 1) & (labels <= self.num_object_classes)).all()):
+            raise ValueError(f"detection targets: labels must be 1..{self.num_object_classes} (0 is the background, "
+                             f"which has no boxes); got labels {sorted(set(labels.tolist()))}")
+        shifted = [{**t, "labels": t["labels"] - 1} for t in targets]
+        return super().compute_loss(shifted, *args)  # type: ignore[misc]
+
+    def postprocess_detections(self, *args: object) -> list[Target]:
+        detections = super().postprocess_detections(*args)  # type: ignore[misc]
+        for detection in detections:
+            detection["labels"] = detection["labels"] + 1
+        return detections
+
+
+class FCOSDetector(ObjectClassesOnly, FCOS):
+    """torchvision's FCOS with one classification output per object class (ObjectClassesOnly)."""
+
+
+class RetinaNetDetector(ObjectClassesOnly, RetinaNet):
+    """torchvision's RetinaNet with one classification output per object class (ObjectClassesOnly)."""
 
 
 def resnet_fpn(backbone: str, norm_layer: NormLayer, returned_layers: list[int], extra_blocks: ExtraFPNBlock,
@@ -78,7 +116,8 @@ def build_fcos(backbone: str, num_classes: int, norm_layer: NormLayer, channels:
     level regressing objects up to 8x its stride (P3: up to 64 px, P4: 64-128 px, ...)."""
     body = resnet_fpn(backbone, norm_layer, [2, 3, 4], LastLevelP6P7(channels, channels), channels,
                       zero_init_residual)
-    model = FCOS(body, num_classes)
+    model = FCOSDetector(body, num_classes - 1)
+    model.num_object_classes = num_classes - 1
     model.transform = DetectionTransform(image_size)
     return model
 
@@ -91,10 +130,11 @@ def build_retinanet(backbone: str, num_classes: int, norm_layer: NormLayer, chan
                       zero_init_residual)
     anchors = AnchorGenerator(tuple((s, int(s * 2 ** (1 / 3)), int(s * 2 ** (2 / 3))) for s in (16, 32, 64, 128, 256)),
                               ((0.5, 1.0, 2.0),) * 5)
-    head = RetinaNetHead(channels, anchors.num_anchors_per_location()[0], num_classes,
+    head = RetinaNetHead(channels, anchors.num_anchors_per_location()[0], num_classes - 1,
                          norm_layer=partial(nn.GroupNorm, HEAD_GROUPS))
     head.regression_head._loss_type = "giou"
-    model = RetinaNet(body, num_classes, anchor_generator=anchors, head=head)
+    model = RetinaNetDetector(body, num_classes - 1, anchor_generator=anchors, head=head)
+    model.num_object_classes = num_classes - 1
     model.transform = DetectionTransform(image_size)
     return model
 
@@ -119,15 +159,21 @@ FAMILIES: dict[str, tuple[Callable[..., nn.Module], bool]] = {
 
 
 def check_group_norm_heads(cfg: ModelConfig) -> None:
-    """FCOS / RetinaNet: the heads' GroupNorm(32) needs a width (model.head_channels) that 32 divides."""
-    if cfg.head_channels % HEAD_GROUPS:
+    """FCOS / RetinaNet: the heads' GroupNorm(32) needs a width (model.head_channels) that 32 divides, with at
+    least 2 channels per group: on P7, 1x1 for images up to 128 px, one channel per group is one value,
+    which GroupNorm refuses for a single image."""
+    if cfg.head_channels % HEAD_GROUPS or cfg.head_channels < 2 * HEAD_GROUPS:
         raise ValueError(f"model.head_channels={cfg.head_channels}: {cfg.name}'s FPN and head width must be a "
-                         f"multiple of {HEAD_GROUPS} (the heads' GroupNorm groups), e.g. 128 or 256")
+                         f"multiple of {HEAD_GROUPS} (the heads' GroupNorm groups) and at least {2 * HEAD_GROUPS} "
+                         "(2 channels per group: P7 is 1x1 on small images), e.g. 128 or 256")
 
 
 def _builder(family: str, backbone: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:
     def build(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
         """This detector and backbone with the configured norm in the backbone and the FPN."""
+        if num_classes < 2:
+            raise ValueError(f"model={cfg.name} needs num_classes >= 2 (the background, label 0, and at least one "
+                             f"object class); got {num_classes}")
         return FAMILIES[family][0](backbone, num_classes, norm_layer_factory(norm_cfg), cfg.head_channels,
                                    cfg.detection_image_size, cfg.zero_init_residual)
     return build

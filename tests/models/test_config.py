@@ -111,6 +111,7 @@ def test_every_model_name_has_a_task() -> None:
     ({"detection_image_size": 128}, "model.detection_image_size applies only to detection models"),
     ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
     ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
+    ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
