@@ -63,6 +63,15 @@ class DetectionTransform(GeneralizedRCNNTransform):
         return super().resize(image, target)
 
 
+def check_labels(targets: list[Target], num_object_classes: int) -> None:
+    """ValueError unless every target label is an object class, 1..num_object_classes (torchvision would
+    train label 0 as the background for Faster R-CNN, and a shifted -1 as the last class for FCOS)."""
+    labels = torch.cat([t["labels"] for t in targets])
+    if len(labels) and not bool(((labels >= 1) & (labels <= num_object_classes)).all()):
+        raise ValueError(f"detection targets: labels must be 1..{num_object_classes} (0 is the background, which "
+                         f"has no boxes); got labels {sorted(set(labels.tolist()))}")
+
+
 class ObjectClassesOnly:
     """For the sigmoid-scored detectors (FCOS, RetinaNet): one classification output per object class.
 
@@ -76,10 +85,7 @@ class ObjectClassesOnly:
     num_object_classes: int  # set by the builder: the head's outputs
 
     def compute_loss(self, targets: list[Target], *args: object) -> dict[str, torch.Tensor]:
-        labels = torch.cat([t["labels"] for t in targets])
-        if len(labels) and not bool(((labels >= 1) & (labels <= self.num_object_classes)).all()):
-            raise ValueError(f"detection targets: labels must be 1..{self.num_object_classes} (0 is the background, "
-                             f"which has no boxes); got labels {sorted(set(labels.tolist()))}")
+        check_labels(targets, self.num_object_classes)
         shifted = [{**t, "labels": t["labels"] - 1} for t in targets]
         return super().compute_loss(shifted, *args)  # type: ignore[misc]
 
@@ -96,6 +102,17 @@ class FCOSDetector(ObjectClassesOnly, FCOS):
 
 class RetinaNetDetector(ObjectClassesOnly, RetinaNet):
     """torchvision's RetinaNet with one classification output per object class (ObjectClassesOnly)."""
+
+
+class FasterRCNNDetector(FasterRCNN):
+    """torchvision's Faster R-CNN, refusing targets whose labels are not object classes (check_labels)."""
+
+    num_object_classes: int  # set by the builder: the box predictor's classes less the background
+
+    def forward(self, images: list[torch.Tensor], targets: Optional[list[Target]] = None) -> object:
+        if self.training and targets is not None:
+            check_labels(targets, self.num_object_classes)
+        return super().forward(images, targets)
 
 
 def resnet_fpn(backbone: str, norm_layer: NormLayer, returned_layers: list[int], extra_blocks: ExtraFPNBlock,
@@ -147,7 +164,8 @@ def build_fasterrcnn(backbone: str, num_classes: int, norm_layer: NormLayer, cha
     anchors = AnchorGenerator(((16,), (32,), (64,), (128,), (256,)), ((0.5, 1.0, 2.0),) * 5)
     # 128 sampled RoIs per image (torchvision: 512), as in Fast R-CNN: the box head's two 1024-wide layers
     # on 512 RoIs cost several times the whole backbone on a 128 px image.
-    model = FasterRCNN(body, num_classes, rpn_anchor_generator=anchors, box_batch_size_per_image=128)
+    model = FasterRCNNDetector(body, num_classes, rpn_anchor_generator=anchors, box_batch_size_per_image=128)
+    model.num_object_classes = num_classes - 1
     model.transform = DetectionTransform(image_size)
     return model
 

@@ -94,10 +94,12 @@ def test_layout_is_torchvisions(name: str, torchvision_builder, num_classes: int
     assert count == sum(p.numel() for p in theirs.parameters()) + difference
 
 
-def test_labels_are_objects_only() -> None:
+@pytest.mark.parametrize("family", ["fcos", "fasterrcnn"])
+def test_labels_are_objects_only(family: str) -> None:
     """Label 0 is the background for every family: never a target's label, never a prediction's."""
-    model = build_model({"name": "fcos_resnet18", **SMALL}, {"name": "bn"}, NUM_CLASSES)
-    assert model.head.classification_head.num_classes == NUM_CLASSES - 1
+    model = build_model({"name": f"{family}_resnet18", **SMALL}, {"name": "bn"}, NUM_CLASSES)
+    if family == "fcos":  # no output for the background (Faster R-CNN's softmax has one)
+        assert model.head.classification_head.num_classes == NUM_CLASSES - 1
     for labels in ([0, 1], [1, NUM_CLASSES]):
         targets = [{"boxes": torch.tensor([[4.0, 6.0, 34.0, 36.0], [40.0, 44.0, 52.0, 56.0]]),
                     "labels": torch.tensor(labels)}]
