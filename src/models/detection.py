@@ -62,6 +62,10 @@ class DetectionTransform(GeneralizedRCNNTransform):
             return image, target
         return super().resize(image, target)
 
+    def __repr__(self) -> str:
+        resize = "none" if self.size is None else f"longer side to {self.size} px"
+        return f"{type(self).__name__}(Normalize(mean={self.image_mean}, std={self.image_std}), Resize: {resize})"
+
 
 def check_labels(targets: list[Target], num_object_classes: int) -> None:
     """ValueError unless every target label is an object class, 1..num_object_classes (torchvision would
