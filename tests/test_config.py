@@ -32,6 +32,11 @@ def _companions(group: str, option: str) -> list[str]:
     """Overrides that make `group=option` a coherent job (segmentation models need segmentation data)."""
     if group == "model" and option.startswith("deeplab"):
         return ["data=shapes_seg"]
+    if group == "model" and option.startswith(("fcos", "retinanet", "fasterrcnn")):
+        detection_data = [o for o in _options("data") if dataset_task(o) == "detection"]
+        if not detection_data:
+            pytest.skip("no detection dataset in conf/data yet to pair a detection model with")
+        return [f"data={detection_data[0]}"]
     if group == "data" and dataset_task(option) == "segmentation":
         return ["model=deeplabv3_resnet18"]
     if group == "data" and dataset_task(option) == "detection" and MODELS.names("detection"):

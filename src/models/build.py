@@ -57,9 +57,9 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     model = finalize_norms(model, ncfg)
     # Weights are loaded after the norm conversion: bn / syncbn / frozen_bn share state_dict keys.
     if weights_files and mcfg.backbone_weights:
-        backbone = entry.info.get("backbone")  # where a model keeps its ResNet body, e.g. "backbone"
-        if backbone is not None:
-            target, ignore = model.get_submodule(backbone), ("fc.",)
+        backbone_attr = entry.info.get("backbone_attr")
+        if backbone_attr:  # a ResNet trunk inside a model with its own heads (DeepLab, detection): no `fc`
+            target, ignore = model.get_submodule(backbone_attr), ("fc.",)
         else:  # a classifier's own head (fc, classifier, head.fc, ...) is left to train from scratch
             target, ignore = model, tuple(f"{name}." for name in head_module_names(model))
         state, source = _weights(mcfg, entry, "backbone_weights")

@@ -30,11 +30,15 @@ class ModelConfig:
     output_stride: int = 16
     # Segmentation only: weight of the auxiliary FCN head's loss (on layer3); 0 builds no aux head.
     aux_loss_weight: float = 0.0
-    # Segmentation only: width of the ASPP / decoder convolutions (256 in the papers and in torchvision).
+    # Segmentation: width of the ASPP / decoder convolutions; detection: of the FPN and the heads (256 in the
+    # papers and in torchvision; FCOS and RetinaNet need a multiple of 32 >= 64: their heads use GroupNorm(32)).
     head_channels: int = 256
     # DeepLabV3+ only: output stride of the decoder's logits. 4 = the paper's decoder on layer1 features;
     # 2 = a further stage on the stem's features, for small images (64 px: 32x32 logits instead of 16x16).
     decoder_stride: int = 4
+    # Detection only: null = images keep the size the data gives them; S = each image is resized so that its
+    # longer side is S pixels (torchvision's min_size = max_size = S), boxes with it, and back for predictions.
+    detection_image_size: Optional[int] = None
     # CIFAR ResNets only: "A" = parameter-free identity shortcut with zero-padded channels (the paper's
     # CIFAR choice, 0.27M params for ResNet-20), "B" = 1x1 conv + norm projection when the shape changes.
     cifar_shortcut: str = "A"
@@ -81,6 +85,13 @@ class ModelConfig:
             aux = ", ".join(dict.fromkeys(e.info.get("family", e.name) for e in MODELS if e.info.get("aux_head")))
             raise ValueError(f"model.aux_loss_weight applies only to segmentation models with an auxiliary head "
                              f"({aux or 'none registered'}); set model.aux_loss_weight=0 for {self.name}")
+        if self.detection_image_size is not None:
+            if not entry.info.get("detection_image_size"):
+                raise ValueError(f"model.detection_image_size applies only to detection models; set "
+                                 f"model.detection_image_size=null for {self.name}")
+            if not isinstance(self.detection_image_size, int) or self.detection_image_size < 32:
+                raise ValueError(f"model.detection_image_size must be an int >= 32 (pixels of an image's longer "
+                                 f"side) or null (keep the data's size), got {self.detection_image_size!r}")
         if self.head_channels < 1:
             raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
         check_decoder_stride(self.name, self.decoder_stride)
@@ -108,7 +119,7 @@ class ModelConfig:
                 torchvision_weights(weights_source(self, family, key), name, f"model.{key}")
         if self.pretrained and family != "timm":
             hint = "model.weights=DEFAULT" if family in ("torchvision", "resnet") else "model.weights=<local file>"
-            if family in ("deeplabv3", "deeplabv3plus"):
+            if MODELS.get(self.name).info.get("backbone"):  # a ResNet trunk with heads: DeepLab, detection
                 hint = "model.backbone_weights=DEFAULT"
             raise ValueError(f"model.pretrained=true applies to model=timm only; for model={self.name} use {hint}")
         if self.pretrained and (self.weights or self.backbone_weights):

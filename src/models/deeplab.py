@@ -152,6 +152,6 @@ def _builder(name: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:
 
 for _variant in ("deeplabv3", "deeplabv3plus"):
     for _backbone in BACKBONES:
-        MODELS.register(f"{_variant}_{_backbone}", task="segmentation", family=_variant,
-                        backbone="backbone", aux_head=True)(
+        MODELS.register(f"{_variant}_{_backbone}", task="segmentation", family=_variant, backbone=_backbone,
+                        backbone_attr="backbone", aux_head=True)(
             _builder(f"{_variant}_{_backbone}"))

@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from src.models.registry import MODELS
+
 # A weights enum member (DEFAULT, IMAGENET1K_V2, ...), optionally qualified (ResNet50_Weights.IMAGENET1K_V2):
 # what tells a weights name from a file path in model.weights / model.backbone_weights.
 _WEIGHTS_NAME = re.compile(r"^(?:[A-Za-z0-9]+_Weights\.)?[A-Z][A-Z0-9_]*$")
@@ -83,9 +85,10 @@ def weights_source(cfg: Any, family: str | None, key: str) -> str:
         return cfg.arch
     if family == "resnet":  # our ImageNet ResNets are torchvision's, with the same state_dict keys
         return cfg.name
-    if family in ("deeplabv3", "deeplabv3plus"):
+    backbone = MODELS.get(cfg.name).info.get("backbone") if cfg.name in MODELS else None
+    if backbone is not None:  # DeepLab and detection models: a torchvision ResNet inside, with its own heads
         if key == "backbone_weights":
-            return cfg.name.split("_", 1)[1]  # the ResNet backbone's ImageNet weights
+            return backbone  # the ResNet backbone's ImageNet weights
         raise ValueError(f"model.weights={cfg.weights}: names select ImageNet weights for the backbone of "
                          f"{cfg.name}: use model.backbone_weights={cfg.weights} (the heads train from scratch), or "
                          "give model.weights a local file of the whole model")

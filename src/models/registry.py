@@ -6,9 +6,10 @@ syncbn and torch_syncbn, are built as nn.BatchNorm2d and converted afterwards by
 entry's task (a task registered in src/tasks/) decides the loss, the metrics and which datasets fit.
 Optional entry info: `family` (names a group of models for option checks), `arch=True` (the model is
 chosen by `model.arch`, e.g. model=timm), `check` (a function(cfg) raising ValueError for bad options),
-`backbone` (the attribute path of the model's ResNet body, which model.backbone_weights load into; without
-it they load into the whole model minus its head), `aux_head=True` (model.aux_loss_weight builds an auxiliary
-head).
+`backbone` (the torchvision ResNet inside, whose weights names model.backbone_weights takes) with
+`backbone_attr` (its dotted path in the model, where model.backbone_weights are loaded; without it they load
+into the whole model minus its head), `aux_head=True` (model.aux_loss_weight builds an auxiliary head), and
+`detection_image_size=True` (the model resizes its inputs itself: model.detection_image_size applies).
 """
 from __future__ import annotations
 

@@ -57,8 +57,8 @@ def test_model_yaml_builds(path: Path) -> None:
     with torch.device("meta"):
         model = build_model(cfg, NormConfig(), 1000 if task == "classification" else 21)
     count = sum(p.numel() for p in model.parameters())
-    if cfg.name.startswith("deeplabv3plus"):
-        assert count > 0  # no published reference; shapes are tested on ResNet-18 in test_deeplab.py
+    if cfg.name.startswith("deeplabv3plus") or task == "detection":
+        assert count > 0  # shapes and the layout against torchvision's: test_deeplab.py, test_detection.py
         return
     if cfg.name == "deeplabv3_resnet34":  # torchvision has no such model: nothing to compare with
         return
@@ -77,7 +77,8 @@ def test_norm_yaml_validates(path: Path) -> None:
 
 def test_every_model_name_has_a_task() -> None:
     for name in MODELS.names():
-        expected = "segmentation" if name.startswith("deeplab") else "classification"
+        expected = ("segmentation" if name.startswith("deeplab") else
+                    "detection" if name.startswith(("fcos", "retinanet", "fasterrcnn")) else "classification")
         arch = {"arch": ZOO_ARCH[name]} if name in ZOO_ARCH else {}
         assert model_task({"name": name, **arch}) == expected
     assert set(MODELS.names("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
@@ -107,6 +108,10 @@ def test_every_model_name_has_a_task() -> None:
      r"model.kwargs may not set \['pretrained'\]"),
     ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
     ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
+    ({"detection_image_size": 128}, "model.detection_image_size applies only to detection models"),
+    ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
+    ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
+    ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
