@@ -146,9 +146,6 @@ class Detection(Task):
         for on, key, why in refused:
             if on:
                 raise ValueError(f"{key} does not apply to detection: {why}; remove it")
-        if config.trainer.best_metric == "loss" or config.trainer.early_stop.name.endswith("loss"):
-            raise ValueError("detection is evaluated by mAP only (no validation loss): rank checkpoints and stop "
-                             f"early by one of {self.metrics}")
 
     def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
                   transform: Any = None) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
