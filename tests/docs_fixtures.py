@@ -1,4 +1,4 @@
-"""What the documented commands expect to find (tests/test_docs.py): checkpoints of both tasks from short real
+"""What the documented commands expect to find (tests/test_docs.py): checkpoints of every task from short real
 trainings, the demo folders, a few new images (tests/test_docs.py makes them once per session)."""
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ def _train_checkpoint(runner: DocsRunner, root: Path, name: str, overrides: list
 
 
 def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
-    """Both tasks' checkpoints, the demo folders and a few images under `root`."""
+    """Each task's checkpoint, the demo folders and a few images under `root`."""
     small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
     _train_checkpoint(runner, root, "cls", small, timeout_s)
     _train_checkpoint(runner, root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"],
                       timeout_s)
+    _train_checkpoint(runner, root, "det", ["experiment=shapes_det", *small, "data.image_size=64",
+                                            "model.head_channels=64"], timeout_s)
     demo = runner.run("scripts/make_demo_folders.py", [str(root / "demo"), "--train-per-class", "6",
                                                        "--val-per-class", "1", "--train-images", "32",
                                                        "--val-images", "3"], root, timeout_s)

@@ -8,7 +8,8 @@ The commands run one after another in one long-lived Python process (tests/docs_
 state put back after each), which saves each command the interpreter's, torch's and Hydra's start-up. What a
 test cannot have is handled as a user would meet it:
 - checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
-  (a segmentation run's for docs/segmentation.md and paths naming `segment`, a classification run's otherwise);
+  (a segmentation run's for docs/segmentation.md and paths naming `segment`, a detection run's for
+  docs/detection.md, a classification run's otherwise);
   `input=` folders and files are written from the embedded shapes data; `demo/` is scripts/make_demo_folders.py's;
 - data and weights on disk that no test has (`data.root=/data/imagenet`, `model.backbone_weights=/weights/...`,
   `data.root=my_photos`) must make the command fail, and the failure must name the missing path: a typo in a
@@ -80,9 +81,9 @@ def runner(tmp_path_factory: pytest.TempPathFactory, weight_cache: Path) -> Iter
 
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory: pytest.TempPathFactory, runner: DocsRunner) -> dict[str, Path]:
-    """What the documented commands expect to find: checkpoints of both tasks, demo folders, images."""
+    """What the documented commands expect to find: a checkpoint per task, demo folders, images."""
     root = made_once(tmp_path_factory, "doc_fixtures", lambda folder: build_fixtures(runner, folder, TIMEOUT_S))
-    return {"cls": root / "cls" / "checkpoints" / "last.pt", "seg": root / "seg" / "checkpoints" / "last.pt",
+    return {**{task: root / task / "checkpoints" / "last.pt" for task in ("cls", "seg", "det")},
             "demo": root / "demo", "images": root / "images"}
 
 
@@ -97,7 +98,8 @@ def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[
         if key == "data.download":
             arg = "data.download=false"
         elif key == "ckpt":
-            task = "seg" if "segmentation" in command.where or "segment" in value else "cls"
+            task = ("seg" if "segmentation" in command.where or "segment" in value else
+                    "det" if "detection" in command.where else "cls")
             target = cwd / ("ckpt.pt" if value == "..." else value)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(fixtures[task], target)
