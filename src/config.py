@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence
@@ -21,7 +22,6 @@ from src.data import dataset_task
 from src.data.config import DataConfig
 from src.local_gpus import check_processes_fit_gpus
 from src.models.config import ModelConfig, NormConfig, check_model_norm
-from src.signal_names import parse_signals
 from src.tasks import Task, get_task
 from src.tracker_config import TrackerConfig
 
@@ -411,6 +411,28 @@ def _check_compilable(cfg: TrainConfig) -> None:
                 f"changes between steps, so torch.compile would break the graph or recompile at every step; "
                 f"use trainer.compile=false with it, or norm.{key}={'null' if off is None else off}"
             )
+
+
+UNCATCHABLE_SIGNALS = {signal.SIGKILL, signal.SIGSTOP}
+
+
+def parse_signals(names: Sequence[str], key: str = "trainer.preempt_signals") -> tuple[signal.Signals, ...]:
+    """Signal names ("SIGTERM", "USR1", case-insensitive) as signals; ValueError naming `key` otherwise.
+
+    The config's check of trainer.preempt_signals, and what src/engine/preemption.py installs handlers for."""
+    parsed: list[signal.Signals] = []
+    for name in names:
+        text = str(name).strip().upper()
+        text = text if text.startswith("SIG") else "SIG" + text
+        sig = getattr(signal.Signals, text, None)
+        if sig is None:
+            raise ValueError(f"{key}: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, SIGUSR2, "
+                             "SIGINT, SIGHUP, or [] to disable preemption handling")
+        if sig in UNCATCHABLE_SIGNALS:
+            raise ValueError(f"{key}: {sig.name} cannot be caught by any process; use SIGTERM or SIGUSR1")
+        if sig not in parsed:
+            parsed.append(sig)
+    return tuple(parsed)
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:

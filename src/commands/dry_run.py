@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from src import comm
-from src.engine.checkpoint.trained_run import TrainedRun
+from src.commands.trained_run import TrainedRun
 from src.models import count_norm_layers
 from src.precision import autocast, model_dtype
 from src.tasks import Task, get_task

@@ -1,6 +1,6 @@
 """`evaluate.py ckpt=PATH`: evaluate a checkpoint with the config stored in it, alone or under torchrun.
 
-Steps: read the trained run (src/engine/checkpoint/trained_run.py: the stored training config with the
+Steps: read the trained run (src/commands/trained_run.py: the stored training config with the
 command line's overrides, validated as train.py does; the model rebuilt from it, SyncBN as BatchNorm, with
 the weights or their EMA), start the process group if torchrun launched us, rebuild the validation data,
 evaluate exactly, print a table and write JSON on rank 0. `trainer.dry_run=true` stops after one batch.
@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.data import DataBundle, build_datasets, build_eval_loader
-from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
+from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.engine.evaluation.evaluator import evaluate
 

@@ -1,6 +1,6 @@
 """`export.py ckpt=PATH format=onnx|exported_program|torchscript out=FILE`: a checkpoint's model as one file.
 
-The model is the checkpoint's, read by load_trained_run (src/engine/checkpoint/trained_run.py, the reader of
+The model is the checkpoint's, read by load_trained_run (src/commands/trained_run.py, the reader of
 predict.py and evaluate.py too: SyncBN models come back as BatchNorm, on the CPU here), with
 every SyncBatchNorm reverted to BatchNorm (running statistics kept) and in eval mode, so the file computes
 exactly what evaluation and prediction compute and needs neither our kernels nor a process group. Its one
@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 if TYPE_CHECKING:
-    from src.engine.checkpoint.trained_run import TrainedRun
+    from src.commands.trained_run import TrainedRun
 
 USAGE = "python export.py ckpt=<run dir>/checkpoints/last.pt format=onnx|exported_program|torchscript out=<file>"
 FORMATS = ("onnx", "exported_program", "torchscript")
@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> Path:
 def load_trained_model(ckpt: Path, ema: bool = False) -> TrainedRun:
     """The checkpoint's TrainedRun on the CPU in the contiguous memory format: the one place export reads a
     checkpoint (load_trained_run, shared with predict.py and evaluate.py)."""
-    from src.engine.checkpoint.trained_run import load_trained_run
+    from src.commands.trained_run import load_trained_run
 
     trained = load_trained_run(ckpt, ema=ema, device=torch.device("cpu"))
     trained.model.to(memory_format=torch.contiguous_format)  # a channels_last run's model comes back NHWC

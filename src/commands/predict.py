@@ -1,6 +1,6 @@
 """`predict.py ckpt=PATH input=DIR_OR_FILE out=DIR`: a trained model on new images, alone or under torchrun.
 
-Steps: check the arguments, read the trained run (src/engine/checkpoint/trained_run.py, as evaluate.py
+Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
 (src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
 (ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
@@ -25,7 +25,7 @@ from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
 from src.data import ExactEvalSampler
 from src.data.config import coerce
-from src.engine.checkpoint.trained_run import TrainedRun, load_trained_run, overrides_of
+from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.precision import autocast, model_dtype
 from src.tasks import Task, get_task

@@ -32,7 +32,7 @@ from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_gro
 from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
-from src.engine.checkpoint.rundir import resolve_run_dir, resume_checkpoint
+from src.commands.run_dir import resolve_run_dir, resume_checkpoint
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
 from src.engine.checkpoint.state import TrainState, read_checkpoint

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any, Callable, Optional, Sequence
 
 from src import comm
-from src.signal_names import parse_signals
+from src.config import parse_signals
 from src.engine.hooks import Hook, TrainerView
 
 log = logging.getLogger(__name__)

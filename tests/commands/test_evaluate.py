@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from src.commands.evaluate import run
-from src.engine.checkpoint.trained_run import overrides_of
+from src.commands.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
 from tests.support.trained_runs import CLS_VAL_SIZE, SEG_CLASSES, SEG_STEPS, SEG_VAL_SIZE
 

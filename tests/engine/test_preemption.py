@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from src.engine.preemption import Preemption, PreemptionHook
-from src.signal_names import parse_signals
+from src.config import parse_signals
 from tests.support.gloo import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -174,7 +174,7 @@ def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Pa
     from src.config import config_dict, validate_config
     from src.engine.checkpoint.files import atomic_write_bytes, serialize
     from src.engine.checkpoint.state import TrainState
-    from src.engine.checkpoint.trained_run import load_trained_run
+    from src.commands.trained_run import load_trained_run
     from src.engine.optim import build_optimizer, build_scheduler
 
     _timm_file(caches[1])

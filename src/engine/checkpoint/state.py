@@ -3,7 +3,7 @@
 `TrainState.state_dict()` / `load_state_dict()` are the only definition of what a checkpoint holds, and
 this module is the only one that reads its keys: `read_checkpoint`, `stored_config`, `model_weights`,
 `trained_epoch`, `trained_step` and `stored_class_names` are how a trained run is read back
-(src/engine/checkpoint/trained_run.py, for evaluate.py, predict.py and export).
+(src/commands/trained_run.py, for evaluate.py, predict.py and export).
 
 Format (version FORMAT_VERSION; files without `format_version` are version 0, identical but for that key):
 

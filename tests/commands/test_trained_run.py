@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src.config import TrainConfig
-from src.engine.checkpoint.trained_run import load_trained_run
+from src.commands.trained_run import load_trained_run
 from src.models import count_norm_layers
 from tests.engine.legacy_checkpoint import write_format_v0
 
