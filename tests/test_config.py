@@ -29,10 +29,12 @@ def _compose(overrides: list[str]):
 
 def _companions(group: str, option: str) -> list[str]:
     """Overrides that make `group=option` a coherent job (segmentation models need segmentation data)."""
+    # part: segmentation
     if group == "model" and option.startswith("deeplab"):
         return ["data=shapes_seg"]
     if group == "data" and dataset_task(option) == "segmentation":
         return ["model=deeplabv3_resnet18"]
+    # /part
     return []
 
 
@@ -131,6 +133,7 @@ def test_wrong_type_names_the_key() -> None:
         validate_config(_compose(["trainer.epochs=ten"]))
 
 
+# part: segmentation
 def test_segmentation_model_with_classification_data_is_refused() -> None:
     with pytest.raises(ValueError, match="model.name=deeplabv3_resnet18.*data.name=shapes"):
         validate_config(_compose(["model=deeplabv3_resnet18"]))
@@ -139,6 +142,7 @@ def test_segmentation_model_with_classification_data_is_refused() -> None:
 def test_mixup_on_segmentation_is_refused() -> None:
     with pytest.raises(ValueError, match="mixup_alpha"):
         validate_config(_compose(["model=deeplabv3_resnet18", "data=shapes_seg", "trainer.mixup_alpha=0.2"]))
+# /part
 
 
 def test_activation_checkpointing_refuses_compile_and_unknown_torchvision_stages() -> None:

@@ -45,7 +45,7 @@ def test_unknown_key_rejected_by_schema_and_by_coerce() -> None:
     ({"min_shapes": 3, "max_shapes": 2}, "data.min_shapes"),
     ({"color_jitter": 2.0}, "data.color_jitter"),
     ({"min_shape_size": 0.3, "max_shape_size": 0.2}, "data.min_shape_size"),
-    ({"name": "cityscapes", "download": True}, "data.download"),
+    ({"name": "shapes", "download": True}, "data.download"),
     ({"name": "imagefolder", "resize_size": 16}, "data.resize_size"),
 ])
 def test_validation_names_the_key(overrides: dict, key: str) -> None:
