@@ -5,6 +5,8 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 NPROC    ?= 2
 ARGS     ?=
+# What `make test` runs before the suite (the system packages some parts' tests need, below).
+TEST_PREREQUISITES :=
 
 .PHONY: setup train test test-fast build-ext clean
 
@@ -28,7 +30,7 @@ $(VENV)/.installed: requirements.txt
 .PHONY: system-deps
 system-deps:
 	@scripts/install_system_deps.sh
-TEST_PREREQUISITES := system-deps
+TEST_PREREQUISITES += system-deps
 # /part
 
 build-ext: setup
