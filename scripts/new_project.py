@@ -75,7 +75,7 @@ def choose(manifest: Manifest, args: argparse.Namespace) -> set[str]:
         chosen = (chosen - set(clusters)) | _listed(args.cluster, clusters, "--cluster")
     elif args.no_cluster:
         chosen -= set(clusters)
-    if args.tool:
+    if getattr(args, "tool", False):
         chosen |= set(manifest.of_kind("tool"))
     return resolve(manifest, chosen)
 
@@ -170,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.dry_run:
         return 0
-    write(args.dest, REPO, after, binary, f"{args.name.strip()}: new project from the SyncTrain template "
-                                          f"(parts: {', '.join(ordered)})")
+    try:
+        write(args.dest, REPO, after, binary, f"{args.name.strip()}: new project from the SyncTrain template "
+                                              f"(parts: {', '.join(ordered)})")
+    except (OSError, subprocess.CalledProcessError) as err:
+        print(f"new_project.py: writing {args.dest} failed ({err}); it may hold a partial project: delete it "
+              "before trying again", file=sys.stderr)
+        return 1
     print(f"{args.dest}: {args.name.strip()} with {', '.join(ordered)}: {len(selection.kept)} files "
           f"({len(selection.dropped)} of the template's left out), first commit made.\n"
           f"Next: cd {args.dest} && make train && make test")

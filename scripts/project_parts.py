@@ -126,9 +126,10 @@ def matches(path: str, pattern: str) -> bool:
 
 
 def template_files(root: Path = REPO) -> list[str]:
-    """The template's files: git's tracked and untracked-but-not-ignored ones that exist (no .venv, builds, runs)."""
+    """The template's files: those git tracks, as they are in the working tree (never .venv, builds, runs or
+    scratch files nobody added)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached"],
                              capture_output=True, check=True).stdout.decode()
     except (OSError, subprocess.CalledProcessError) as err:
         raise ManifestError(f"{root} must be a git checkout of the template (git ls-files failed: {err})") from None

@@ -137,7 +137,7 @@ def test_the_template_makes_clean_projects(chosen: tuple[str, ...]) -> None:
 # Slow: real projects, their own environment, their own commands.
 
 TIMEOUT_S = 900
-QUICK_TRAIN = ("trainer.max_steps=2 trainer.epochs=1 data.train_size=128 data.val_size=32 data.num_workers=0 "
+QUICK_TRAIN = ("trainer.max_steps=2 trainer.epochs=1 data.train_size=256 data.val_size=32 data.num_workers=0 "
                "trainer.num_threads=1 trainer.progress_bar=false hydra.run.dir=outputs/smoke")
 # A handful of the project's own test files: every config composes and validates, every model config builds,
 # the dataset registry, the documentation's files and module names, one SyncBN-against-BatchNorm case.
