@@ -109,8 +109,10 @@ def plan(manifest: Manifest, parts: set[str], name: str, root: Path = REPO
     return selection, before, after, binary
 
 
-def reference_findings(manifest: Manifest, before: dict[str, str], after: dict[str, str]) -> list[Finding]:
-    return check(before, after, manifest.allowed)
+def reference_findings(manifest: Manifest, before: dict[str, str], after: dict[str, str],
+                       parts: set[str]) -> list[Finding]:
+    """The reference check of a project with `parts`, less project_parts.toml's allowed references."""
+    return check(before, after, manifest.allowed, [t for t in manifest.of_kind("task") if t not in parts])
 
 
 def write(dest: Path, root: Path, after: dict[str, str], binary: dict[str, bytes], message: str) -> None:
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, why in sorted(selection.dropped.items(), key=lambda item: (item[1], item[0])):
             print(f"left out ({why}): {path}")
         print(f"parts: {', '.join(ordered)}; {len(selection.kept)} files kept, {len(selection.dropped)} left out")
-    findings = reference_findings(manifest, before, after)
+    findings = reference_findings(manifest, before, after, parts)
     if findings:
         print(f"new_project.py: the kept files refer to what the project leaves out ({len(findings)}); mark those "
               "regions for their part (docs/new-project.md) or keep what they need:", file=sys.stderr)

@@ -11,6 +11,8 @@ template the project does not have:
 - a name registered (`@MODELS.register("deeplabv3plus", ...)`) only by a module that was left out, quoted or as
   `model.name=` / `data.name=`;
 - a Makefile target the project's Makefile no longer has (`make gpu-check`);
+- a kept src/ module registering a name for a task the project leaves out (`MODELS.register(..., task="...")`):
+  the module belongs to that task's part in project_parts.toml;
 - in Python, a name imported from a kept module that no longer defines it (its definition was in a cut region),
   and a pytest fixture whose every definition was left out, requested by a kept test or fixture.
 Kept Python files must also still compile (a marker region cut through a statement).
@@ -277,10 +279,21 @@ def _python_refs(index: _Index, path: str, tree: ast.Module) -> Iterator[tuple[i
                     yield node.lineno, f"fixture {arg.value}", "a fixture the project left out"
 
 
-def check(before: dict[str, str], after: dict[str, str],
-          allowed: Iterable[tuple[str, str, str]] = ()) -> list[Finding]:
-    """Every reference in `after`'s files to what `before` has and `after` lacks, less the `allowed` ones
-    ((file glob, target glob, why) from project_parts.toml)."""
+def _task_registrations(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, task) of every `<registry>.register(..., task="...")` call (docstring examples are not calls)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            for keyword in node.keywords:
+                if keyword.arg == "task" and isinstance(keyword.value, ast.Constant):
+                    yield node.lineno, str(keyword.value.value)
+
+
+def check(before: dict[str, str], after: dict[str, str], allowed: Iterable[tuple[str, str, str]] = (),
+          tasks_left_out: Iterable[str] = ()) -> list[Finding]:
+    """Every reference in `after`'s files to what `before` has and `after` lacks, and every registration for one
+    of `tasks_left_out` in a kept src/ module, less the `allowed` ones ((file glob, target glob, why) from
+    project_parts.toml; a registration's target is `task <name>`)."""
+    tasks_left_out = set(tasks_left_out)
     index = _Index(before, after)
     allowed = list(allowed)
     findings: list[Finding] = []
@@ -289,6 +302,10 @@ def check(before: dict[str, str], after: dict[str, str],
         found: list[tuple[int, str, str]] = []
         if (err := index.syntax_errors.get(path)) is not None:
             found.append((err.lineno or 0, "does not compile", str(err.msg)))
+        if tasks_left_out and path.startswith("src/") and path.endswith(".py") and "register(" in text:
+            if (tree := index.module(path, after=True)) is not None:
+                found += [(line, f'task="{task}"', f"task {task}") for line, task in _task_registrations(tree)
+                          if task in tasks_left_out]
         if path.endswith(".py") and (any(m in text for m in index.changed_modules)
                                      or any(f in text for f in index.fixtures_gone)):
             if (tree := index.module(path, after=True)) is not None:

@@ -61,6 +61,7 @@ DANGLING = {
         ""]),
     "docs/more.md": "See [segmentation](seg.md), [the section](index.md#gone-section) and `make gpu-check`.\n",
     "src/bad.py": "X = (1,\n# part: seg\n     2)\n# /part\n",  # a region cut through a statement
+    "src/data/mixed.py": '@DATASETS.register("mixed", task="seg")\ndef build(cfg): ...\n',  # the part's module
 }
 EXPECTED = {
     ("tests/test_a.py", 1, "src.models.deeplab"), ("tests/test_a.py", 2, "tests.support.runs.B"),
@@ -69,7 +70,7 @@ EXPECTED = {
     ("tests/test_a.py", 6, "scripts/k8s/job.yaml"), ("tests/test_a.py", 7, "fixture seg_run"),
     ("tests/test_a.py", 7, "docs/seg.md"), ("docs/more.md", 1, "seg.md"),
     ("docs/more.md", 1, "index.md#gone-section"), ("docs/more.md", 1, "make gpu-check"),
-    ("src/bad.py", 1, "does not compile"),
+    ("src/bad.py", 1, "does not compile"), ("src/data/mixed.py", 1, 'task="seg"'),
 }
 
 
@@ -80,13 +81,13 @@ def _project(template: dict[str, str], parts: set[str]) -> dict[str, str]:
 
 def test_reference_check_names_each_dangling_reference_and_passes_a_clean_tree() -> None:
     template = {**TEMPLATE, **DANGLING}
-    findings = check(template, _project(template, set()))
+    findings = check(template, _project(template, set()), tasks_left_out=["seg"])
     assert {(f.file, f.line, f.ref) for f in findings} == EXPECTED, "\n".join(map(str, findings))
     assert "tests/test_a.py:6 -> scripts/k8s/job.yaml" in {str(f) for f in findings}
     assert check(TEMPLATE, _project(TEMPLATE, set())) == []  # the clean files alone
     assert check(template, _project(template, {"seg"})) == []  # nothing left out: nothing dangles
-    allowed = [("tests/test_a.py", "scripts/k8s/*", "a reason")]
-    assert len(check(template, _project(template, set()), allowed)) == len(EXPECTED) - 1
+    allowed = [("tests/test_a.py", "scripts/k8s/*", "a reason"), ("src/data/*", "task seg", "another")]
+    assert len(check(template, _project(template, set()), allowed, ["seg"])) == len(EXPECTED) - 2
 
 
 def test_markers_cut_regions_and_refuse_mistakes() -> None:
@@ -127,7 +128,7 @@ def test_the_template_makes_clean_projects(chosen: tuple[str, ...]) -> None:
         assert all(f"`{name}`" in page for name in MANIFEST.parts), "docs/new-project.md lists every part"
     parts = resolve(MANIFEST, set(chosen))
     selection, before, after, _ = new_project.plan(MANIFEST, parts, "Test project")
-    findings = new_project.reference_findings(MANIFEST, before, after)
+    findings = new_project.reference_findings(MANIFEST, before, after, parts)
     assert not findings, "\n".join(map(str, findings))
     assert after["README.md"].startswith("# Test project\n")
     assert not any(p.startswith("scripts/new_project") or p == "project_parts.toml" for p in after)
