@@ -20,7 +20,8 @@ SHARED_FIXTURE_FOLDERS = ("docker", "cluster")
 # The longest groups start first, so no worker is left with a long one at the end of the run.
 # (A clean clone, as in CI, compiles every kernel variant: the nvcc check and the faulty self-check build too.)
 LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test_compile.py",
-                     "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py")
+                     "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py",
+                     "test_new_project.py")
 
 
 @pytest.fixture(autouse=True)
