@@ -25,7 +25,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 # part: slurm, docker
-# Debian packages for the SLURM and docker tests (slurm-wlm, munge, buildah, debootstrap): installed as root,
+# The Debian packages the cluster tests need (scripts/install_system_deps.sh lists them): installed as root,
 # skipped (with a note) otherwise.
 .PHONY: system-deps
 system-deps:
