@@ -5,8 +5,10 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 NPROC    ?= 2
 ARGS     ?=
+# What `make test` runs before the suite (the system packages some parts' tests need, below).
+TEST_PREREQUISITES :=
 
-.PHONY: setup system-deps train test test-fast build-ext gpu-check clean
+.PHONY: setup train test test-fast build-ext clean
 
 setup: $(VENV)/.installed
 
@@ -22,10 +24,14 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	touch $@
 
-# Debian packages for the SLURM and docker tests (slurm-wlm, munge, buildah, debootstrap): installed as root,
+# part: slurm, docker
+# The Debian packages the cluster tests need (scripts/install_system_deps.sh lists them): installed as root,
 # skipped (with a note) otherwise.
+.PHONY: system-deps
 system-deps:
 	@scripts/install_system_deps.sh
+TEST_PREREQUISITES += system-deps
+# /part
 
 build-ext: setup
 	$(PY) -m src.syncbn.build
@@ -38,20 +44,33 @@ train: setup
 TEST_WORKERS ?= 2
 PYTEST   := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
-test: setup system-deps
+test: setup $(TEST_PREREQUISITES)
 	$(PYTEST) $(ARGS)
 
 # The inner loop: every unit and layer test, without the torchrun, docker and SLURM ones.
 test-fast: setup
 	$(PYTEST) -m "not slow and not docker and not slurm" $(ARGS)
 
+# part: gpu-tools
 # GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests,
 # compute-sanitizer, NCCL training compare, benchmark, occupancy; report in OUT (default outputs/gpu_check).
 # No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
+.PHONY: gpu-check
 OUT ?= outputs/gpu_check
 gpu-check:
 	bash scripts/gpu_check.sh $(OUT)
+# /part
 
 # Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.
 clean:
 	rm -rf build .cache .pytest_cache
+# part: template
+
+# Your own project from this template, with only the parts you choose (docs/new-project.md), e.g.
+#   make new-project DEST=../roads NAME="Road segmentation" ARGS="--tasks classification,segmentation"
+# No `setup` prerequisite: the generator needs Python 3.11 and git only.
+.PHONY: new-project
+new-project:
+	@test -n "$(DEST)" && test -n "$(NAME)" || { echo 'usage: make new-project DEST=folder NAME="Project name" [ARGS="--full"]' >&2; exit 2; }
+	$(PYTHON) scripts/new_project.py "$(DEST)" --name "$(NAME)" $(ARGS)
+# /part

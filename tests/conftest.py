@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.trained_runs import trained_cls_run, trained_seg_run  # noqa: F401  (session fixtures)
+from tests.support.trained_runs import trained_cls_run  # noqa: F401  (session fixtures)
+# part: segmentation
+from tests.support.trained_runs import trained_seg_run  # noqa: F401
+# /part
 
 TESTS = Path(__file__).resolve().parent
 # Folders whose files share session fixtures that take minutes (the docker image, the reference torchrun
@@ -17,7 +20,8 @@ SHARED_FIXTURE_FOLDERS = ("docker", "cluster")
 # The longest groups start first, so no worker is left with a long one at the end of the run.
 # (A clean clone, as in CI, compiles every kernel variant: the nvcc check and the faulty self-check build too.)
 LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test_compile.py",
-                     "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py")
+                     "syncbn/test_cuda_build.py", "syncbn/test_selfcheck.py", "commands/", "test_docs.py",
+                     "test_new_project.py")
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +61,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: _start_order(groups[item.nodeid]))
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked `cuda`); run scripts/gpu_check.sh on one")
+    reason = "needs a CUDA GPU (marked `cuda`)"
+    # part: gpu-tools
+    reason += "; run scripts/gpu_check.sh on one"
+    # /part
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)

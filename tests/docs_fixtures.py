@@ -23,13 +23,19 @@ def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
     """Each task's checkpoint, the demo folders and a few images under `root`."""
     small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
     _train_checkpoint(runner, root, "cls", small, timeout_s)
+    # part: segmentation
     _train_checkpoint(runner, root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"],
                       timeout_s)
+    # /part
+    # part: detection
     _train_checkpoint(runner, root, "det", ["experiment=shapes_det", *small, "data.image_size=64",
                                             "model.head_channels=64"], timeout_s)
-    demo = runner.run("scripts/make_demo_folders.py", [str(root / "demo"), "--train-per-class", "6",
-                                                       "--val-per-class", "1", "--train-images", "32",
-                                                       "--val-images", "3"], root, timeout_s)
+    # /part
+    demo_args = [str(root / "demo"), "--train-per-class", "6", "--val-per-class", "1"]
+    # part: segmentation
+    demo_args += ["--train-images", "32", "--val-images", "3"]
+    # /part
+    demo = runner.run("scripts/make_demo_folders.py", demo_args, root, timeout_s)
     assert demo.returncode == 0, demo.output[-3000:]
     images = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs
     images.mkdir()

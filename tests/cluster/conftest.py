@@ -9,7 +9,9 @@ from typing import Iterator
 
 import pytest
 
+# part: slurm
 from tests.cluster.slurm_cluster import LocalSlurm, missing_requirements
+# /part
 from tests.cluster.torchrun_harness import (
     NORM, REPO, TINY_JOB, Job, job_env, launch_torchrun, load_last_checkpoint,
 )
@@ -67,6 +69,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, syncbn_kernels: None
     return run_dir
 
 
+# part: slurm
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
     """A one-machine SLURM cluster (slurmctld + slurmd on 127.0.0.1) for the session; skips where it cannot run."""
@@ -81,3 +84,4 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
         pytest.skip(f"the local SLURM daemons could not start: {err}")
     yield cluster
     cluster.stop()
+# /part

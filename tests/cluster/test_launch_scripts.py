@@ -19,7 +19,9 @@ from src.syncbn.toolkit import environment_tool
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "scripts" / "launch_multinode.sh"
+# part: slurm
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
+# /part
 SHELL_SCRIPTS = sorted({*REPO.glob("scripts/**/*.sh"), *REPO.glob("scripts/**/*.sbatch"), REPO / ".ci" / "run"})
 
 
@@ -29,7 +31,12 @@ def test_shell_syntax(script: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", [LAUNCHER, SBATCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [
+    LAUNCHER,
+    # part: slurm
+    SBATCH,
+    # /part
+], ids=lambda p: p.name)
 def test_script_is_strict_and_executable(script: Path) -> None:
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash\n"), "first line must be the bash shebang"
@@ -100,6 +107,7 @@ def test_launcher_rejects_bad_settings(env: dict[str, str], message: str) -> Non
     assert message in proc.stderr
 
 
+# part: slurm
 @pytest.fixture()
 def fake_slurm(tmp_path: Path) -> Path:
     """A directory with stand-ins for scontrol (two hosts) and srun (run the command once)."""
@@ -153,6 +161,7 @@ def test_sbatch_directives() -> None:
                   if line.startswith("#SBATCH ")]
     assert "--ntasks-per-node=1" in directives, "torchrun (one per node) starts the workers, not srun"
     assert any(d.startswith("--output=") for d in directives)
+# /part
 
 
 def test_launcher_leaves_the_rendezvous_store_setting_to_the_user(tmp_path: Path) -> None:

@@ -26,7 +26,10 @@ from PIL import Image
 from src.commands.evaluate import run
 from src.commands.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
-from tests.support.trained_runs import CLS_VAL_SIZE, SEG_CLASSES, SEG_STEPS, SEG_VAL_SIZE
+from tests.support.trained_runs import CLS_VAL_SIZE
+# part: segmentation
+from tests.support.trained_runs import SEG_CLASSES, SEG_STEPS, SEG_VAL_SIZE
+# /part
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -109,6 +112,7 @@ def test_evaluate_ema_weights_reproduce_logged_ema_metrics(trained_cls_run: Path
     assert ema["top1"] != logged["top1"] or ema["loss"] != logged["loss"]  # really other weights
 
 
+# part: segmentation
 @pytest.mark.slow
 def test_tiny_deeplab_trained_on_two_processes_logs_its_evaluation(trained_seg_run: Path) -> None:
     """The shared segmentation run: torchrun 2-process DeepLab (SyncBN) training on shapes_seg."""
@@ -134,6 +138,7 @@ def test_tiny_deeplab_trained_on_two_processes_and_evaluated(trained_seg_run: Pa
     sizes = {Image.open(tmp_path / "masks" / f).size for f in files}
     assert len(sizes) > 1  # variable_val_size: each image evaluated (and exported) at its own size
     assert all(np.array(Image.open(tmp_path / "masks" / f)).max() < SEG_CLASSES for f in files)
+# /part
 
 
 def _compose(*overrides: str):
@@ -176,6 +181,7 @@ def test_ema_requested_without_ema_weights_is_an_error() -> None:
     assert model_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, "x.pt") == {"w": 1}
 
 
+# part: segmentation
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")
                                               if "seg" in p.stem or p.stem.startswith(("voc", "cityscapes"))))
 def test_segmentation_recipes_compose_and_validate(experiment: str) -> None:
@@ -184,3 +190,4 @@ def test_segmentation_recipes_compose_and_validate(experiment: str) -> None:
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         cfg = validate_config(compose("train", overrides=[f"experiment={experiment}"]))
     assert task_of(cfg) == "segmentation" and cfg.sched.name == "poly" and cfg.norm.name == "syncbn"
+# /part

@@ -37,9 +37,11 @@ ORT_ATOL, ORT_RTOL = 1e-4, 1e-5  # onnxruntime's kernels (measured <= 1.4e-6)
 MODELS = {
     # A CIFAR ResNet-20 on shapes (32x32): classifier with global pooling, any image size.
     "classifier": ["model=resnet20", "norm=syncbn", "data=shapes", "data.num_classes=4"],
+    # part: segmentation
     # The segmentation demo's DeepLabV3+ (stride-2 decoder stage, aux head) made narrow: a small segmenter.
     "segmenter": ["experiment=shapes_seg_deeplabv3plus", "model.head_channels=16", "data.image_size=48",
                   "data.crop_size=48", "trainer.amp=none"],
+    # /part
 }
 
 

@@ -44,12 +44,17 @@ TIE_REL = {"none": 1e-5, "bf16": 2.0 ** -6}
 THREADS = ["trainer.num_threads=1"]
 # Appended to the documented commands, by script: small folders, 2 steps, quiet, one thread per process.
 SHORTEN = {
-    "scripts/make_demo_folders.py": ["--train-per-class", "4", "--val-per-class", "2", "--train-images", "8",
-                                     "--val-images", "5"],
+    "scripts/make_demo_folders.py": ["--train-per-class", "4", "--val-per-class", "2"],
     "train.py": ["trainer.epochs=1", "trainer.max_steps=2", "data.batch_size=4", "data.num_workers=0",
                  "trainer.progress_bar=false", "trainer.tensorboard=false", *THREADS],
     "predict.py": ["num_workers=0", *THREADS],
 }
+# The walk-through's scripts, in order: the demo folders, then a training and a prediction per task.
+WALKTHROUGH = ["make_demo_folders.py", "train.py", "predict.py"]
+# part: segmentation
+SHORTEN["scripts/make_demo_folders.py"] += ["--train-images", "8", "--val-images", "5"]
+WALKTHROUGH += ["train.py", "predict.py"]
+# /part
 
 
 def documented_block(marker: str) -> list[list[str]]:
@@ -79,8 +84,7 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh folder in which every command of the walk-through ran, in order."""
     cwd = tmp_path_factory.mktemp("own_data")
     commands = documented_block("run by tests/commands/test_predict.py")
-    assert [Path(a).name for c in commands for a in c if a.endswith(".py")] == [
-        "make_demo_folders.py", "train.py", "predict.py", "train.py", "predict.py"]
+    assert [Path(a).name for c in commands for a in c if a.endswith(".py")] == WALKTHROUGH
     for argv in commands:
         run_documented(argv, cwd)
     return cwd
@@ -148,6 +152,7 @@ def test_classification_predictions_match_a_reference_forward(walkthrough: Path)
                 assert abs(lg[names.index(name)] - lg[c]) <= _tie(lg[c], amp), (row, rank)
 
 
+# part: segmentation
 def _check_masks(out: Path, images: Path, relative: list[Path], targets: list[Path], ckpt_path: Path) -> None:
     model, ckpt = _model_and_config(ckpt_path)
     amp = ckpt["config"]["trainer"]["amp"]
@@ -213,6 +218,7 @@ def test_two_ranks_predict_nested_and_clashing_names_once_each(walkthrough: Path
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == expected
     # Sorted inputs and their masks pair up in this order: a.jpg, a.png, day1/x, day2/deeper/y, day2/x, z, zz.
     _check_masks(out, source, relative, [Path(e) for e in expected], ckpt)
+# /part
 
 
 def test_checkpoint_without_class_names_predicts_numbered_classes(walkthrough: Path, tmp_path: Path) -> None:

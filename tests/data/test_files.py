@@ -83,6 +83,7 @@ def test_imagefolder_errors(tmp_path: Path) -> None:
         build_datasets(cfg, seed=0)
 
 
+# part: segmentation
 def _palette_png(path: Path, labels: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     img = Image.fromarray(labels.astype(np.uint8), mode="P")
@@ -154,3 +155,4 @@ def test_cityscapes_missing_says_where(tmp_path: Path) -> None:
         build_datasets(DataConfig(name="cityscapes", root=str(tmp_path)), seed=0)
     msg = str(info.value)
     assert str((tmp_path / "leftImg8bit" / "train").resolve()) in msg and "gtFine" in msg
+# /part

@@ -47,7 +47,12 @@ def test_zero_init_residual_starts_blocks_as_identity() -> None:
     assert all(b.bn2.weight.eq(1).all() for b in default.modules() if isinstance(b, CifarBasicBlock))
 
 
-@pytest.mark.parametrize("name", ["resnet20", "deeplabv3plus_resnet18"])
+@pytest.mark.parametrize("name", [
+    "resnet20",
+    # part: segmentation
+    "deeplabv3plus_resnet18",
+    # /part
+])
 def test_same_seed_same_weights(name: str) -> None:
     """What every rank relies on: initialisation uses only torch's global RNG."""
     cfg = {"name": name, "aux_loss_weight": 0.5 if name.startswith("deeplab") else 0.0, "head_channels": 32}

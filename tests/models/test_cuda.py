@@ -1,4 +1,4 @@
-"""GPU checks for the models (run by scripts/gpu_check.sh; skipped without a GPU)."""
+"""GPU checks for the models (marked `cuda`: skipped without a GPU)."""
 from __future__ import annotations
 
 import pytest

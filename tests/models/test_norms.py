@@ -12,9 +12,11 @@ from src.models import NORM_TYPES, FrozenBatchNorm2d, build_model, count_norm_la
 MODELS = [
     {"name": "resnet20", "cifar_shortcut": "B"},
     {"name": "resnet18"},
+    # part: segmentation
     {"name": "deeplabv3_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
     {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
     {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32, "decoder_stride": 2},
+    # /part
 ]
 IDS = [m["name"] + ("_decoder_stride2" if m.get("decoder_stride") == 2 else "") for m in MODELS]
 
@@ -60,8 +62,10 @@ def test_bn_gets_eps_and_momentum_everywhere(model_cfg: dict) -> None:
 def test_gn_rejects_a_group_count_that_does_not_divide() -> None:
     with pytest.raises(ValueError, match="norm.num_groups=32 does not divide a norm layer's 16 channels"):
         build_model({"name": "resnet20"}, {"name": "gn", "num_groups": 32}, 10)
+    # part: segmentation
     model = build_model({"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5}, {"name": "gn"}, 3)
     assert model(torch.randn(1, 3, 32, 32))["out"].shape == (1, 3, 32, 32)  # default 16 fits all
+    # /part
 
 
 def test_frozen_bn_statistics_never_change_and_affine_trains() -> None:

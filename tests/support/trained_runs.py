@@ -26,6 +26,7 @@ CLS_OVERRIDES = [
     "data.eval_batch_size=8", "trainer.epochs=1", "trainer.ema=true", "trainer.ema_decay=0.5",
 ]
 CLS_VAL_SIZE = 37
+# part: segmentation
 SEG_OVERRIDES = [
     "model=deeplabv3_resnet18", "model.output_stride=16", "model.head_channels=32", "norm=syncbn",
     "data=shapes_seg", "data.train_size=16", "data.val_size=13", "data.image_size=32", "data.crop_size=32",
@@ -33,6 +34,7 @@ SEG_OVERRIDES = [
     "sched=poly", "trainer.epochs=1", "trainer.max_steps=2",
 ]
 SEG_VAL_SIZE, SEG_STEPS, SEG_CLASSES = 13, 2, 5
+# /part
 
 
 def _train(overrides: list[str]):
@@ -56,10 +58,12 @@ def trained_cls_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield from _shared(tmp_path_factory, "cls_run", CLS_OVERRIDES)
 
 
+# part: segmentation
 @pytest.fixture(scope="session")
 def trained_seg_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The segmentation run's folder (SEG_OVERRIDES): metrics.jsonl, checkpoints/last.pt."""
     yield from _shared(tmp_path_factory, "seg_run", SEG_OVERRIDES)
+# /part
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

@@ -100,7 +100,10 @@ def test_a_build_prunes_only_older_builds_of_its_own_variant(tmp_path, monkeypat
         specs += [extension.make_spec(with_cuda=True, cpu_capability=cap) for cap in ("avx2", "avx512")]
     built = specs[-1]
     assert built.name.startswith("syncbn_cuda_avx512_sm90_") and specs[1].name.startswith("syncbn_cuda_avx512_sm80_")
-    specs += [extension.make_spec(with_cuda=False, cpu_capability="avx512"), extension.make_emulated_spec()]
+    specs.append(extension.make_spec(with_cuda=False, cpu_capability="avx512"))
+    # part: gpu-tools
+    specs.append(extension.make_emulated_spec())  # its sources are csrc/simt's
+    # /part
     everything = specs + [_older(s) for s in specs]
     for spec in everything:
         _fake_build(spec)

@@ -1,7 +1,7 @@
 """GPU only (marked `cuda`): more than 2^31 elements through the backward ops and the vectorised channels-last
 path, so every offset must be 64-bit (test_cuda_kernels.py covers stats and elemt on scalar layouts).
 
-Not run on a GPU yet (none has been available to this project); `make gpu-check` runs it.
+Not run on a GPU yet (none has been available to this project); `pytest -m cuda` on a GPU machine runs it.
 Memory: ~4.3 GB per bf16 tensor, 4-5 tensors at a time; skipped below 40 GB of GPU memory.
 """
 from __future__ import annotations

@@ -108,6 +108,7 @@ def test_unguarded_torch_checkpoint_double_counts() -> None:
     assert int(bn.num_batches_tracked) == 2
 
 
+# part: segmentation
 @pytest.mark.slow
 def test_syncbn_one_process_counts_once_and_deeplab_backbone() -> None:
     cfg = {"name": "deeplabv3plus_resnet18", "output_stride": 16, "head_channels": 16}
@@ -121,6 +122,7 @@ def test_syncbn_one_process_counts_once_and_deeplab_backbone() -> None:
                             loss_of=lambda out, y: F.cross_entropy(out["out"], y))
     _compare(plain, ckpt)
     assert int(ckpt["state"]["backbone.layer3.0.bn1.num_batches_tracked"]) == MICRO_BATCHES
+# /part
 
 
 def test_timm_model_uses_its_own_checkpointing() -> None:

@@ -21,11 +21,14 @@ from src.models.config import NormConfig
 from src.models.norms import checked_cuda_syncbn, finalize_norms
 from src.syncbn import selfcheck
 from src.syncbn import selfcheck_cases as sc
+# part: gpu-tools
 from tests.syncbn.cuda_cases import one_intraop_thread
+# /part
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+# part: gpu-tools
 @pytest.mark.cuda_emulated
 def test_selfcheck_passes_on_the_emulated_build(caplog):
     """Every op, case and dtype agrees with the float64 reference on the emulated kernels."""
@@ -68,6 +71,7 @@ def test_selfcheck_catches_the_faulty_variant(tmp_path):
     for part in ("op batch_norm_backward_reduce", "case 5x8x4x6-contiguous-ranks3+2 float32",
                  "[sum_dy, sum_dy_xhat]", "max abs difference", "norm=torch_syncbn", "norm.cuda_selfcheck=fallback"):
         assert part in msg, (part, msg)
+# /part
 
 
 def test_compare_rejects_nan_and_wrong_values():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from src.data import shapes
+from src.data import det_transforms  # noqa: F401  (registers the detection task's TaskData)
 from src.data.config import DataConfig
 from src.data.registry import DATASETS, Splits
 from src.data.shapes_datasets import ShapesDetection
