@@ -24,7 +24,7 @@ from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
 from src.data.samplers import ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 # The transform modules register their task's TaskData (transforms and collation) when imported: these two
-# here, a task's own by its datasets' modules (src/data/datasets/shapes_det.py imports det_transforms).
+# here, another task's by the modules of its datasets, which import it.
 from src.data import seg_transforms, transforms  # noqa: F401
 from src.data.seg_transforms import IGNORE_INDEX
 from src.data.task_data import TaskData, register_task_data, task_data

@@ -67,7 +67,7 @@ def test_syncbn_detector_trains_evaluates_and_predicts(tmp_path: Path) -> None:
     ("trainer.compile=true", "trainer.compile=true does not apply to detection"),
     ("trainer.best_metric=loss", "is not a detection metric"),
     ("data.auto_augment=randaugment", "data.auto_augment applies to classification only"),
-    ("model=deeplabv3_resnet18", "is a segmentation model but data.name=shapes_det is a detection dataset"),
+    ("model=resnet20", "is a classification model but data.name=shapes_det is a detection dataset"),
 ])
 def test_what_detection_cannot_do_is_refused_at_validation(override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

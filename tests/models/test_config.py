@@ -122,9 +122,11 @@ def test_every_model_name_has_a_task() -> None:
     ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
     ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
     ({"detection_image_size": 128}, "model.detection_image_size applies only to detection models"),
+    # part: detection
     ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
     ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
     ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
+    # /part
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
