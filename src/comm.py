@@ -80,6 +80,15 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's picklable `obj`, in rank order, on rank `dst`; None on the other ranks."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] | None = [None] * get_world_size() if get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank."""
     if not is_initialized():

@@ -8,8 +8,8 @@ labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shape
 
 Evaluation: COCO mAP@[.5:.95] (`map`) and mAP@.5 (`map50`) from torchmetrics' MeanAveragePrecision (the
 pycocotools backend). Each rank keeps its images' predictions and ground truth by dataset index; one
-all_gather_object brings every image's to every rank, sorted by index, and the metric is computed on all of
-them in that order: exactly what one process computes, for any world size.
+gather_object brings every image's to rank 0, sorted by index, the metric is computed there on all of them
+in that order (exactly what one process computes, for any world size) and broadcast to every rank.
 """
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def mean_average_precision(predictions: Sequence[dict[str, torch.Tensor]],
     """COCO box mAP of per-image predictions against ground truth (torchmetrics), as {"map", "map50", "map75"}."""
     from torchmetrics.detection import MeanAveragePrecision
 
-    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools")
+    # sync_on_compute=False: torchmetrics would otherwise all_gather its state over the default process group
+    # inside compute(); the images are already all here (one rank computes), and a collective on one rank hangs.
+    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", sync_on_compute=False)
     if predictions:
         metric.update(list(predictions), list(targets))
         result = metric.compute()
@@ -86,10 +88,27 @@ class DetectionEvaluator:
         self.rows += [(int(i), _cpu_prediction(p), _cpu_target(t)) for i, p, t in zip(indices, outputs, targets)]
 
     def compute(self) -> dict[str, float]:
-        """One all_gather_object of every rank's rows, sorted by index; the same mAP on every rank."""
-        rows = sorted((r for part in comm.all_gather_object(self.rows) for r in part), key=lambda r: r[0])
+        """Every rank's rows gathered on rank 0, sorted by index, the mAP computed there once and broadcast: the
+        same dict on every rank (COCO's evaluation is seconds to minutes of CPU; no rank repeats it)."""
+        parts = comm.gather_object(self.rows)
+        outcome: tuple[str, Any] = ("ok", None)
+        failure: Exception | None = None
+        if parts is not None:
+            try:
+                outcome = ("ok", self._metrics(sorted((r for part in parts for r in part), key=lambda r: r[0])))
+            except Exception as err:  # the other ranks wait in the broadcast: they get the error, not a hang
+                failure, outcome = err, ("error", f"{type(err).__name__}: {err}")
+        kind, value = comm.broadcast_object(outcome)
+        if failure is not None:
+            raise failure
+        if kind == "error":
+            raise RuntimeError(f"detection evaluation failed on rank 0: {value}")
+        return value
+
+    def _metrics(self, rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> dict[str, float]:
+        """Rank 0: the exactly-once check, the export, the mAP of all images."""
         check_each_sample_once(torch.tensor([r[0] for r in rows], dtype=torch.int64), self.context.dataset_size)
-        if self.context.export is not None and comm.is_main_process():
+        if self.context.export is not None:
             write_predictions_json(self.context.export / PREDICTIONS_JSON, [str(r[0]) for r in rows],
                                    [r[1] for r in rows], self.context.class_names or [], key="index")
         return mean_average_precision([r[1] for r in rows], [r[2] for r in rows])
