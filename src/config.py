@@ -139,7 +139,7 @@ class EarlyStopConfig:
     @property
     def higher_is_better(self) -> bool:
         """mode=max, or auto for anything but a loss."""
-        return self.mode == "max" or (self.mode == "auto" and not self.name.endswith("loss"))
+        return self.mode == "max" or (self.mode == "auto" and Task.higher_is_better(self.name))
 
 
 @dataclass

@@ -27,9 +27,7 @@ def forward_one_batch(module: nn.Module, images: Any, task: Task, *, device: tor
     rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this rank's
     own: the dry run reduces nothing.
     """
-    dtype = model_dtype(module)
-    images = (images.to(device, dtype) if isinstance(images, torch.Tensor)
-              else [image.to(device, dtype) for image in images])
+    images = task.move_images(images, device, model_dtype(module))
     if channels_last and isinstance(images, torch.Tensor):
         images = images.contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), autocast(amp, device):

@@ -87,13 +87,10 @@ def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], b
 
 def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
     """The model's eval outputs for a batch of inputs, on the run's device and dtype, under its autocast."""
-    settings, dtype = trained.config.trainer, model_dtype(trained.model)
-    if isinstance(images, torch.Tensor):
-        images = images.to(trained.device, dtype, non_blocking=True)
-        if settings.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-    else:
-        images = [image.to(trained.device, dtype, non_blocking=True) for image in images]
+    settings = trained.config.trainer
+    images = task.move_images(images, trained.device, model_dtype(trained.model))
+    if settings.channels_last and isinstance(images, torch.Tensor):  # tasks of image lists refuse channels_last
+        images = images.contiguous(memory_format=torch.channels_last)
     with torch.inference_mode(), autocast(settings.amp, trained.device):
         return task.eval_forward(trained.model, images)
 

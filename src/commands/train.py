@@ -137,8 +137,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                      aux_weight=config.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
-                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
-                                            task.higher_is_better(best_metric_of(config))),
+                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
     trainer.train()

@@ -71,15 +71,23 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _categories(path: Path, entries: list[Any]) -> list[tuple[int, str]]:
-    problems, seen = [], set()
-    for i, c in enumerate(entries):
-        if not isinstance(c, dict) or not _integer(c.get("id")) or not isinstance(c.get("name"), str):
-            problems.append(f"{_entry('categories', i, c)} needs an integer 'id' and a string 'name'")
-        elif c["id"] in seen:
-            problems.append(f"{_entry('categories', i, c)} repeats category id {c['id']}")
+def _with_ids(key: str, entries: list[Any], text: str, what: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """(problems, the well-formed entries) of a list whose entries need an integer 'id', unique, and a string
+    `text` field ('name' of a category, 'file_name' of an image)."""
+    problems, seen, good = [], set(), []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not _integer(entry.get("id")) or not isinstance(entry.get(text), str):
+            problems.append(f"{_entry(key, i, entry)} needs an integer 'id' and a string '{text}'")
+        elif entry["id"] in seen:
+            problems.append(f"{_entry(key, i, entry)} repeats {what} id {entry['id']}")
         else:
-            seen.add(c["id"])
+            seen.add(entry["id"])
+            good.append(entry)
+    return problems, good
+
+
+def _categories(path: Path, entries: list[Any]) -> list[tuple[int, str]]:
+    problems, _ = _with_ids("categories", entries, "name", "category")
     _raise(path, problems, "categories")
     if not entries:
         raise ValueError(f"{path} defines no categories: 'categories' must list the classes "
@@ -88,17 +96,9 @@ def _categories(path: Path, entries: list[Any]) -> list[tuple[int, str]]:
 
 
 def _images(path: Path, entries: list[Any], images_dir: Path) -> None:
-    problems, seen, absent = [], set(), []
-    for i, im in enumerate(entries):
-        if not isinstance(im, dict) or not _integer(im.get("id")) or not isinstance(im.get("file_name"), str):
-            problems.append(f"{_entry('images', i, im)} needs an integer 'id' and a string 'file_name'")
-        elif im["id"] in seen:
-            problems.append(f"{_entry('images', i, im)} repeats image id {im['id']}")
-        else:
-            seen.add(im["id"])
-            if not (images_dir / im["file_name"]).is_file():
-                absent.append(f"{im['file_name']!r} (image id {im['id']})")
+    problems, good = _with_ids("images", entries, "file_name", "image")
     _raise(path, problems, "images")
+    absent = [f"{im['file_name']!r} (image id {im['id']})" for im in good if not (images_dir / im["file_name"]).is_file()]
     if absent:
         shown = ", ".join(absent[:_SHOWN]) + (", ..." if len(absent) > _SHOWN else "")
         raise FileNotFoundError(f"{path} lists {len(absent)} image(s) that are not in {images_dir.resolve()}: "

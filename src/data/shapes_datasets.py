@@ -151,3 +151,22 @@ class ShapesDetection(_CachedShapes):
         target = {"boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes.copy()), format="XYXY", canvas_size=(h, w)),
                   "labels": torch.from_numpy(labels.copy())}
         return tv_tensors.Image(torch.from_numpy(img).permute(2, 0, 1)), target
+
+
+def check_scene_classes(name: str, num_classes: int | None) -> None:
+    """data.num_classes of a several-shapes set (shapes_seg, shapes_det): background + 2..MAX_CLASSES kinds."""
+    if num_classes is not None and not 3 <= num_classes <= shapes.MAX_CLASSES + 1:
+        raise ValueError(f"data.num_classes for {name} must be in 3..{shapes.MAX_CLASSES + 1} "
+                         f"(background + 2..{shapes.MAX_CLASSES} shape kinds), got {num_classes}")
+
+
+def scene_splits(cfg: Any, scenes: type) -> tuple[Dataset, Dataset, bool]:
+    """The train and val sets of a several-shapes dataset class (ShapesSegmentation, ShapesDetection) from the data
+    config, and whether every val image has one size. data.num_classes counts the background (kinds + 1)."""
+    kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
+    common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
+                  max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
+                  radius_range=(cfg.min_shape_size, cfg.max_shape_size), photometric_spread=cfg.photometric_spread)
+    train = scenes(cfg.generator_seed, "train", cfg.train_size, **common)
+    val = scenes(cfg.generator_seed, "val", cfg.val_size, variable_size=cfg.variable_val_size, **common)
+    return train, val, not cfg.variable_val_size

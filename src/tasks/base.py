@@ -75,8 +75,8 @@ class Task:
 
     @staticmethod
     def higher_is_better(metric: str) -> bool:
-        """Losses fall, everything else rises."""
-        return not metric.removeprefix("ema_").endswith("loss")
+        """Losses (an EMA's too) fall, everything else rises: best-k checkpoints and early stopping's auto mode."""
+        return not metric.endswith("loss")
 
     def validate(self, config: Any) -> None:
         """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig)."""
@@ -97,6 +97,10 @@ class Task:
         """A training batch from the loader on the device, images in the model's dtype."""
         return move_batch(images, targets, device=device, dtype=dtype, transform=transform)
 
+    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> Any:
+        """Images of a batch (evaluation, predict.py, the dry run) on the device in the model's dtype."""
+        return images.to(device, dtype, non_blocking=True)
+
     def batch_size(self, images: Any) -> int:
         """Samples in a batch (the loss is averaged over micro-batches weighted by it)."""
         return int(images.shape[0])
@@ -116,12 +120,8 @@ class Task:
     # --- evaluation ----------------------------------------------------------------------------------------
     def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
         """(images in `dtype`, targets, dataset indices on the CPU) from an evaluation loader's batch."""
-        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-            raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
-                             "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices")
-        images, targets, indices = batch
-        return (images.to(device, dtype, non_blocking=True), targets.to(device, non_blocking=True),
-                torch.as_tensor(indices, dtype=torch.int64).cpu())
+        images, targets, indices = unpack_eval_batch(batch)
+        return self.move_images(images, device, dtype), targets.to(device, non_blocking=True), indices
 
     def eval_forward(self, net: nn.Module, images: Any) -> Any:
         """The eval-mode forward whose outputs `evaluator().process` receives."""
@@ -157,3 +157,12 @@ class Task:
     def export_size(self, train_data: Any) -> int:
         """The side of export.py's example image for a run trained with data config `train_data`."""
         return int(train_data.image_size)
+
+
+def unpack_eval_batch(batch: Any) -> tuple[Any, Any, torch.Tensor]:
+    """(images, targets, dataset indices as CPU int64) of an evaluation loader's batch; ValueError otherwise."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+        raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
+                         "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices")
+    images, targets, indices = batch
+    return images, targets, torch.as_tensor(indices, dtype=torch.int64).cpu()

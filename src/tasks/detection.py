@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torchvision.io import write_png
+from torchvision.utils import draw_bounding_boxes, make_grid
 
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.base import EvalContext, Loss, Task, unpack_eval_batch
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.registry import register_task
 
@@ -132,8 +134,6 @@ def write_predictions_json(path: Path, names: list[str], predictions: list[dict[
 
 def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, labels: list[str], colour: str = "red") -> torch.Tensor:
     """A float [3, H, W] image in 0..1 with its boxes drawn (uint8 [3, H, W])."""
-    from torchvision.utils import draw_bounding_boxes
-
     pixels = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
     return draw_bounding_boxes(pixels, boxes.detach().float().cpu(), labels=labels, colors=colour, width=1)
 
@@ -166,10 +166,14 @@ class Detection(Task):
             if on:
                 raise ValueError(f"{key} does not apply to detection: {why}; remove it")
 
+    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+        """A list of images, each on the device in the model's dtype."""
+        return [image.to(device, dtype, non_blocking=True) for image in images]
+
     def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
                   transform: Any = None) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
         """Lists of images (model dtype) and target dicts on the device."""
-        return ([image.to(device, dtype, non_blocking=True) for image in images],
+        return (self.move_images(images, device, dtype),
                 [{k: v.to(device, non_blocking=True) for k, v in target.items()} for target in targets])
 
     def batch_size(self, images: Any) -> int:
@@ -192,12 +196,8 @@ class Detection(Task):
 
     def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
         """Images on the device; the ground truth stays on the CPU, where mAP is computed."""
-        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-            raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
-                             "src.data.build_eval_loader")
-        images, targets, indices = batch
-        return ([image.to(device, dtype, non_blocking=True) for image in images], list(targets),
-                torch.as_tensor(indices, dtype=torch.int64).cpu())
+        images, targets, indices = unpack_eval_batch(batch)
+        return self.move_images(images, device, dtype), list(targets), indices
 
     def eval_forward(self, net: torch.nn.Module, images: Any) -> Any:
         """Per image {"boxes", "scores", "labels"}."""
@@ -210,8 +210,6 @@ class Detection(Task):
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
                           std: Sequence[float]) -> None:
         """The first training images with their ground-truth boxes."""
-        from torchvision.utils import make_grid
-
         tiles = [draw_boxes(im, t["boxes"], [str(int(c)) for c in t["labels"]], "lime")
                  for im, t in list(zip(images, targets))[:8]]
         if tiles and len({tuple(t.shape) for t in tiles}) == 1:
@@ -251,8 +249,6 @@ class Detection(Task):
                                                                    zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())])
                     target = out_dir / BOXES_FOLDER / files[int(i)].with_suffix(".png")
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    from torchvision.io import write_png
-
                     write_png(picture, str(target))
         gathered = sorted((r for part in comm.all_gather_object(rows) for r in part), key=lambda r: r[0])
         check_each_index_once([r[0] for r in gathered], len(files), "inputs", EACH_ONCE_HINT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from src.data import shapes
 from src.data.config import DataConfig
 from src.data.registry import DATASETS, Splits
-from src.data.shapes_datasets import ShapesClassification, ShapesSegmentation
+from src.data.shapes_datasets import ShapesClassification, ShapesSegmentation, check_scene_classes, scene_splits
 
 
 def _check_shapes(cfg: DataConfig) -> None:
@@ -15,10 +15,7 @@ def _check_shapes(cfg: DataConfig) -> None:
 
 
 def _check_shapes_seg(cfg: DataConfig) -> None:
-    n = cfg.num_classes
-    if n is not None and not 3 <= n <= shapes.MAX_CLASSES + 1:
-        raise ValueError(f"data.num_classes for shapes_seg must be in 3..{shapes.MAX_CLASSES + 1} "
-                         f"(background + 2..{shapes.MAX_CLASSES} shape kinds), got {n}")
+    check_scene_classes("shapes_seg", cfg.num_classes)
 
 
 @DATASETS.register("shapes", task="classification", check=_check_shapes)
@@ -35,10 +32,5 @@ def build_shapes(cfg: DataConfig) -> Splits:
 @DATASETS.register("shapes_seg", task="segmentation", check=_check_shapes_seg)
 def build_shapes_seg(cfg: DataConfig) -> Splits:
     """Several shapes per image; data.num_classes counts the background (so kinds = num_classes - 1)."""
-    kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
-    common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
-                  max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
-                  radius_range=(cfg.min_shape_size, cfg.max_shape_size), photometric_spread=cfg.photometric_spread)
-    train = ShapesSegmentation(cfg.generator_seed, "train", cfg.train_size, **common)
-    val = ShapesSegmentation(cfg.generator_seed, "val", cfg.val_size, variable_size=cfg.variable_val_size, **common)
-    return Splits(train, val, list(train.classes), val_same_size=not cfg.variable_val_size)
+    train, val, same_size = scene_splits(cfg, ShapesSegmentation)
+    return Splits(train, val, list(train.classes), val_same_size=same_size)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from src.tasks import Task
+
 log = logging.getLogger(__name__)
 
 LAST_NAME = "last.pt"
@@ -93,12 +95,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 class CheckpointSaver:
     """Writes one run's `last.pt` and its best-k files, ranked by a metric (higher or lower is better)."""
 
-    def __init__(self, run_dir: Path, metric: str, keep_best: int, higher_is_better: bool | None = None) -> None:
+    def __init__(self, run_dir: Path, metric: str, keep_best: int) -> None:
         self.dir = checkpoint_dir(run_dir)
         self.metric = metric
         self.keep_best = keep_best
-        # The task says (src/tasks/base.py); without one, losses (also an EMA's) fall and the rest rises.
-        self.higher_is_better = (not metric.endswith("loss")) if higher_is_better is None else higher_is_better
+        self.higher_is_better = Task.higher_is_better(metric)
 
     def best_k_update(self, best: list[list], step: int, metrics: dict[str, float]
                       ) -> tuple[list[list], str | None, list[str]]:
