@@ -7,9 +7,11 @@ override with SYNCTRAIN_EXTENSIONS_DIR); every later process imports the cached 
 Design choices (why this is hand-written rather than a bare `torch.utils.cpp_extension.load`):
 - Cache key. Each variant is built under its own name and directory, `syncbn_cpu_<isa>_<hash>` or
   `syncbn_cuda_<isa>_<archs>_<hash>` (archs: the CUDA arch list, "8.0;9.0+PTX" -> `sm80sm90ptx`),
-  where the hash covers the sources, headers, flags, the PyTorch, CUDA and Python versions and the
-  CUDA arch list. The CPU-only and the CUDA variant can therefore never collide, an edited source gets
-  a fresh build, and the ahead-of-time build (`python -m src.syncbn.build`) produces exactly the
+  where the hash covers everything the library depends on (`_digest`): sources, headers, compile and
+  link flags, the CUDA arch list, this file (the build code), the compiler and the linker it runs and,
+  for CUDA, the toolkit's nvcc (each by resolved path and `--version`), PyTorch and Python. The CPU-only
+  and the CUDA variant can therefore never collide, any change that could change the library (an edited
+  source, an upgraded compiler, another toolkit) gets a fresh build, and the ahead-of-time build (`python -m src.syncbn.build`) produces exactly the
   directory this loader looks for. A finished build deletes the older builds of its own variant (the
   name up to the hash) only: ranks of one node that build for different GPU architectures or CPU
   capabilities keep each other's builds, and a build some process is importing is never deleted.
@@ -39,12 +41,14 @@ Design choices (why this is hand-written rather than a bare `torch.utils.cpp_ext
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -64,6 +68,7 @@ DEFAULT_CUDA_ARCH_LIST = "9.0"  # used by `build --cuda` on a machine without a 
 LOCK_TIMEOUT_S = float(os.environ.get("SYNCTRAIN_EXTENSIONS_LOCK_TIMEOUT", "3600"))
 
 _BASE_CFLAGS = ["-O3", "-fopenmp", "-DNDEBUG"]
+_LDFLAGS = ["-fopenmp"]
 # Same per-capability flags PyTorch compiles its own vectorised CPU kernels with.
 _ISA_CFLAGS = {
     "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
@@ -172,16 +177,73 @@ def _headers(*folders: str) -> list[Path]:
     return sorted(p for d in dirs for p in d.glob("*") if p.suffix in (".h", ".cuh", ".hpp"))
 
 
-def _digest(sources: list[Path], headers: list[Path], flags: list[list[str]], extra: list[str]) -> str:
-    """12 hex digits of the sources, headers, flags, `extra` and the toolchain's versions."""
+def _digest(sources: list[Path], headers: list[Path], flags: list[list[str]], extra: list[str],
+            cxx: str | None = None, cuda_home: str | None = None) -> str:
+    """12 hex digits of everything the built library depends on, so that a change to any of them builds anew:
+    the sources and headers, the compile and link `flags`, `extra` (the CUDA arch list), the build code (this
+    file), the compiler and its linker, the CUDA toolkit at `cuda_home` (CUDA builds), PyTorch and Python."""
     digest = hashlib.sha256()
     for p in sorted(set(sources)) + headers:
         digest.update(str(p.relative_to(CSRC)).encode())
         digest.update(p.read_bytes())
-    versions = [torch.__version__, str(torch.version.cuda), sys.version, os.environ.get("CXX", "c++")]
-    for part in (*flags, extra + versions):
+    digest.update(Path(__file__).read_bytes())  # how flags are chosen and the build is run
+    for part in (*flags, extra, build_toolchain(cxx, cuda_home)):
         digest.update(repr(part).encode())
     return digest.hexdigest()[:12]
+
+
+def build_toolchain(cxx: str | None = None, cuda_home: str | None = None) -> tuple[str, ...]:
+    """What compiles and links the extension, as text: the C++ compiler (`cxx`, default $CXX or c++) and the
+    linker it runs, each as resolved path and `--version`; nvcc under `cuda_home` likewise; PyTorch (version,
+    commit, CUDA version, install folder) and Python (version, extension-module suffix, headers folder)."""
+    cxx = cxx or os.environ.get("CXX", "c++")
+    parts = [*_tool_identity(cxx), *_tool_identity(_linker_of(cxx))]
+    if cuda_home:
+        parts += [*_tool_identity(str(Path(cuda_home) / "bin" / "nvcc"))]
+    parts += [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
+              str(Path(torch.__file__).resolve().parent), sys.version, str(sysconfig.get_config_var("EXT_SUFFIX")),
+              str(python_include_dir())]
+    return tuple(parts)
+
+
+def _tool_identity(command: str) -> tuple[str, str]:
+    """(resolved path, `--version` output) of a command; ("<name>", "not found") when it is not there (the build
+    then stops with check_build_tools' message, which names it)."""
+    found = shutil.which(command)
+    if found is None:
+        return command, "not found"
+    path = os.path.realpath(found)
+    stat = os.stat(path)
+    return path, _version_output(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _version_output(path: str, mtime_ns: int, size: int) -> str:
+    """`path --version` (cached per file state: a compiler replaced in place is asked again)."""
+    try:
+        run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"--version failed: {exc}"
+    return (run.stdout + run.stderr).strip()
+
+
+def _linker_of(cxx: str) -> str:
+    """The linker `cxx` runs for the final link (`-print-prog-name=ld`, as GCC and Clang answer), else "ld"."""
+    found = shutil.which(cxx)
+    if found is None:
+        return "ld"
+    path = os.path.realpath(found)
+    stat = os.stat(path)
+    return _ask_linker(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _ask_linker(compiler: str, mtime_ns: int, size: int) -> str:
+    try:
+        run = subprocess.run([compiler, "-print-prog-name=ld"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return "ld"
+    return run.stdout.strip() or "ld"
 
 
 def _is_built(spec: BuildSpec) -> bool:
@@ -216,9 +278,10 @@ def make_spec(with_cuda: bool | None = None, cpu_capability: str | None = None) 
     headers = _headers("cpu", *(["cuda"] if with_cuda else []))
     # The architectures are in the name, not only in the hash: pruning keeps other variants' builds.
     variant = f"syncbn_cuda_{cap}_{_arch_tag(arch)}" if arch else f"syncbn_cpu_{cap}"
-    name = f"{variant}_{_digest(sources, headers, [cflags, cuda_cflags], [arch or ''])}"
+    key = _digest(sources, headers, [cflags, cuda_cflags, _LDFLAGS], [arch or ""], cuda_home=env.get("CUDA_HOME"))
+    name = f"{variant}_{key}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
-                     cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags), ldflags=("-fopenmp",),
+                     cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags), ldflags=tuple(_LDFLAGS),
                      with_cuda=with_cuda, cpu_capability=cap, cuda_arch_list=arch, env=env)
 
 
@@ -240,7 +303,8 @@ def make_emulated_spec(fault: bool = False) -> BuildSpec:
     wrapper = CSRC / "simt" / "instrumented_cxx.sh"
     env = {"CXX": str(wrapper), "SYNCTRAIN_SIMT_CXX": os.environ.get("SYNCTRAIN_SIMT_CXX") or os.environ.get("CXX") or "c++"}
     kind = "cudaemufault" if fault else "cudaemu"
-    name = f"syncbn_{kind}_{_digest([*sources, wrapper], _headers('cuda', 'simt'), [cflags], [env['SYNCTRAIN_SIMT_CXX']])}"
+    key = _digest([*sources, wrapper], _headers("cuda", "simt"), [cflags], [], cxx=env["SYNCTRAIN_SIMT_CXX"])
+    name = f"syncbn_{kind}_{key}"
     return BuildSpec(name=name, build_dir=extensions_dir() / name, sources=tuple(map(str, sources)),
                      cflags=tuple(cflags), cuda_cflags=(), ldflags=(), with_cuda=False,
                      cpu_capability="default", cuda_arch_list=None, env=env)
