@@ -1,12 +1,16 @@
 """Suite-wide pytest wiring: `cuda` tests run only where a GPU is present; test files are the units that
 pytest-xdist's workers share out (`make test` runs the suite on several workers); the trained runs that several
-test modules read (made once per session, also across workers: tests/support/trained_runs.py)."""
+test modules read (made once per session, also across workers: tests/support/trained_runs.py); fixtures that
+restore process-wide state (tests/support/process_state.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
+
+from tests.support import process_state
 
 from tests.support.trained_runs import trained_cls_run  # noqa: F401  (session fixtures)
 # part: segmentation
@@ -31,6 +35,29 @@ def _backend_flags_settable() -> None:
     run on that pytest worker would then fail setting torch.backends.cudnn.benchmark. Undo it before each test."""
     if torch.backends.flags_frozen():  # the flag is a global of torch.backends' own namespace
         torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The test runs torch on one thread (as the one-thread command runs it is compared with); put back after."""
+    with process_state.restoring("torch intra-op threads"):
+        torch.set_num_threads(1)
+        yield
+
+
+@pytest.fixture
+def restores_rng() -> Iterator[None]:
+    """For tests that seed torch's, numpy's or Python's global generator: their states are put back after."""
+    with process_state.restoring(*process_state.GLOBAL_RNGS):
+        yield
+
+
+@pytest.fixture
+def restores_process_state() -> Iterator[None]:
+    """For tests that change process-wide state on purpose (a command run in this process sets threads, seeds,
+    logging and signal handlers as in its own process): everything process_state watches is put back."""
+    with process_state.restoring():
+        yield
 
 
 def xdist_group(item: pytest.Item) -> str:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
-from src.data import DataBundle, build_datasets, build_eval_loader
+from src.data import DataBundle, build_datasets, build_eval_loader, close_loaders
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.engine.evaluation.evaluator import evaluate
@@ -40,27 +40,36 @@ def run(cfg: DictConfig) -> dict[str, float]:
         bundle = build_datasets(config.data, seed=config.seed)  # downloads once per node (zero_first inside)
         _check_class_count(trained, bundle)
         loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size())
-        if config.trainer.dry_run:
-            _dry_run(trained, bundle, loader)
-            return {}
-        metrics = evaluate(trained.model, loader, trained.task, bundle.num_classes, device, amp=config.trainer.amp,
-                           ignore_index=bundle.ignore_index, export=cfg.export, class_names=list(bundle.class_names))
-        if comm.is_main_process():
-            record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
-                      "checkpoint": str(trained.path), "weights": trained.weights,
-                      "world_size": comm.get_world_size()}
-            print(metrics_table(record, metrics), flush=True)
-            if cfg.out:
-                out = Path(str(cfg.out))
-                out.parent.mkdir(parents=True, exist_ok=True)
-                # NaN (absent classes) is written as the JSON extension NaN, as json.dumps does by default.
-                out.write_text(json.dumps(record, indent=2) + "\n")
-                print(f"metrics written to {out}", flush=True)
-        comm.barrier()
-        return metrics
+        try:
+            return _evaluate(cfg, trained, bundle, loader)
+        finally:  # the loader workers end here, also on an error (src/data/closable_loader.py says why)
+            close_loaders(loader)
     finally:
         if owns_group:
             process_group.destroy()
+
+
+def _evaluate(cfg: DictConfig, trained: TrainedRun, bundle: DataBundle, loader: Any) -> dict[str, float]:
+    """Evaluate on `loader`, print the table and write the JSON (rank 0); the dry run stops after one batch."""
+    config, device = trained.config, trained.device
+    if config.trainer.dry_run:
+        _dry_run(trained, bundle, loader)
+        return {}
+    metrics = evaluate(trained.model, loader, trained.task, bundle.num_classes, device, amp=config.trainer.amp,
+                       ignore_index=bundle.ignore_index, export=cfg.export, class_names=list(bundle.class_names))
+    if comm.is_main_process():
+        record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
+                  "checkpoint": str(trained.path), "weights": trained.weights,
+                  "world_size": comm.get_world_size()}
+        print(metrics_table(record, metrics), flush=True)
+        if cfg.out:
+            out = Path(str(cfg.out))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            # NaN (absent classes) is written as the JSON extension NaN, as json.dumps does by default.
+            out.write_text(json.dumps(record, indent=2) + "\n")
+            print(f"metrics written to {out}", flush=True)
+    comm.barrier()
+    return metrics
 
 
 def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:

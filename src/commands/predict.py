@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
-from src.data import ExactEvalSampler
+from src.data import ClosableLoader, ExactEvalSampler, close_loaders
 from src.data.config import coerce
+from src.data.image_files import read_sample
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.precision import autocast, model_dtype
@@ -51,12 +52,16 @@ def run(cfg: DictConfig) -> Path:
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
         task = get_task(trained.task)
         loader = _loader(config, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
-        if config.trainer.dry_run:
-            _dry_run(trained, loader, len(relative), out_dir)
-            return out_dir
-        written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
-                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
-                               draw=bool(cfg.get("draw", False)), score_threshold=float(cfg.get("score_threshold", 0.0)))
+        try:
+            if config.trainer.dry_run:
+                _dry_run(trained, loader, len(relative), out_dir)
+                return out_dir
+            written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
+                                   class_names=list(trained.class_names), topk=int(cfg.topk),
+                                   batch_count=len(loader), draw=bool(cfg.get("draw", False)),
+                                   score_threshold=float(cfg.get("score_threshold", 0.0)))
+        finally:  # the loader workers end here, also on an error (src/data/closable_loader.py says why)
+            close_loaders(loader)
         comm.barrier()
         return written
     finally:
@@ -73,16 +78,29 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
 
 
 def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
-            num_workers: int) -> DataLoader:
+            num_workers: int) -> ClosableLoader:
     """This rank's contiguous shard of the inputs, through the task's predict transform and batch size."""
-    dataset = ImageFiles(base, relative, task.data.predict(coerce(config.data)))
+    dataset = _Inputs(ImageFiles(base, relative, task.data.predict(coerce(config.data))), base)
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
         kwargs["persistent_workers"] = False
     if task.data.collate is not None:  # e.g. detection: a list of images, each at its own size
         kwargs["collate_fn"] = task.data.collate
-    return DataLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
-                      sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
+    return ClosableLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
+                          sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
+
+
+class _Inputs(Dataset):
+    """The input files; one that cannot be decoded is named with its place among them (input=..., sample i)."""
+
+    def __init__(self, files: ImageFiles, base: Path) -> None:
+        self.files, self.where = files, f"input={base}"
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Any:
+        return read_sample(self.files, index, self.where)
 
 
 def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from src import comm, process_group
 from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
-from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
+from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader, close_loaders
 from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
@@ -111,7 +111,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
 
 def _train(config: TrainConfig, device: torch.device, run_dir: Path,
            tracker: Tracker) -> tuple[Trainer, dict[str, float]]:
-    """Build data, model and TrainState, resume, assemble the hooks, train; returns the trainer and last metrics."""
+    """Build the data and its loaders, then train (_fit); returns the trainer and the last metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = get_task(task_of(config))
@@ -120,7 +120,16 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                           and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
     val_loader = build_eval_loader(data.val, config.data, rank, world)
+    try:
+        return _fit(config, device, run_dir, tracker, task, data, train_loader, val_loader)
+    finally:  # the loader workers end here, also when training failed (src/data/closable_loader.py says why)
+        close_loaders(train_loader, val_loader)
 
+
+def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Tracker, task: Task, data: DataBundle,
+         train_loader: Any, val_loader: Any) -> tuple[Trainer, dict[str, float]]:
+    """Model, TrainState, resume, hooks, the Trainer; train it."""
+    settings, world = config.trainer, comm.get_world_size()
     model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
@@ -172,7 +181,17 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
-    build_eval_loader(data.val, config.data, rank, world)
+    val_loader = build_eval_loader(data.val, config.data, rank, world)
+    try:
+        _dry_run_forward(config, device, run_dir, task, data, train_loader)
+    finally:
+        close_loaders(train_loader, val_loader)
+
+
+def _dry_run_forward(config: TrainConfig, device: torch.device, run_dir: Path, task: Task, data: DataBundle,
+                     train_loader: Any) -> None:
+    """The dry run's model, one training-mode forward of the first batch, and the summary."""
+    world, settings = comm.get_world_size(), config.trainer
     if len(train_loader) == 0:
         raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")

@@ -7,6 +7,7 @@ loaders. Every dataset is registered once in DATASETS (src/data/registry.py) by 
         set_loader_epoch(train_loader, epoch)     # sampler order and augmentation of this epoch
         for images, targets in train_loader: ...
     for images, targets, indices in build_eval_loader(bundle.val, cfg.data, rank, world_size): ...
+    close_loaders(train_loader, ...)               # in a finally: their worker processes end, also on an error
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
+from src.data.closable_loader import ClosableLoader, close_loaders
 from src.data.config import DataConfig, coerce
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
@@ -30,8 +32,9 @@ from src.data.seg_transforms import IGNORE_INDEX
 from src.data.task_data import TaskData, register_task_data, task_data
 
 __all__ = [
-    "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
-    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch", "TaskData", "register_task_data",
+    "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler",
+    "build_datasets", "build_eval_loader", "build_train_loader", "close_loaders", "dataset_task", "set_loader_epoch",
+    "TaskData", "register_task_data",
     "task_data",
 ]
 
@@ -80,8 +83,10 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
     return DataBundle(
         # The training crops all have one size when augmenting; without augmentation they have the images' sizes.
         train=(EncodedFiles(splits.train, train_tf, seed) if decoder is not None else
-               SeededTransformDataset(splits.train, train_tf, seed, same_size=same_size or cfg.augment)),
-        val=SeededTransformDataset(splits.val, eval_tf, seed, same_size=same_size),
+               SeededTransformDataset(splits.train, train_tf, seed, same_size=same_size or cfg.augment,
+                                      split=f"training split {cfg.train_split!r}")),
+        val=SeededTransformDataset(splits.val, eval_tf, seed, same_size=same_size,
+                                   split=f"validation split {cfg.val_split!r}"),
         num_classes=len(names),
         task=entry.task,
         ignore_index=IGNORE_INDEX,
@@ -103,7 +108,7 @@ def _loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
 
 
 def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, seed: int,
-                       drop_last: bool = True) -> DataLoader:
+                       drop_last: bool = True) -> ClosableLoader:
     """Loader over this rank's micro-batches (TrainBatchSampler); yields (images, targets).
 
     No worker_init_fn: augmentation is seeded per sample from (seed, epoch, index), so worker RNG
@@ -115,11 +120,10 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
     # EncodedFiles (data.decode_on_device) collates its byte strings itself; others as their task says
     # (default_collate unless the task's samples do not stack, e.g. detection's lists of boxes).
     collate = getattr(dataset, "collate_fn", None) or task_data(dataset_entry(cfg.name).task).collate
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                      **_loader_kwargs(cfg))
+    return ClosableLoader(dataset, batch_sampler=sampler, collate_fn=collate, **_loader_kwargs(cfg))
 
 
-def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:
+def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> ClosableLoader:
     """Loader over this rank's contiguous shard (ExactEvalSampler); yields (images, targets, indices).
 
     Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
@@ -127,9 +131,9 @@ def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: in
     cfg = coerce(data_cfg)
     collate = task_data(dataset_entry(cfg.name).task).eval_collate  # a task's own collation takes any sizes
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
-    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
-                      sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
-                      **_loader_kwargs(cfg))
+    return ClosableLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
+                          sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
+                          **_loader_kwargs(cfg))
 
 
 def set_loader_epoch(loader: DataLoader, epoch: int) -> None:

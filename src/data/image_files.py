@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -43,13 +44,51 @@ def list_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
     return sorted(found)
 
 
+# PIL's errors for corrupt, truncated or unknown files (and numpy's for a decode that stops short).
+DECODE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, SyntaxError)
+
+
+class UnreadableImage(OSError):
+    """A file that cannot be decoded (corrupt, truncated, not an image); the message names it and, once the
+    dataset has added it (`at`), where in the data it is: "cannot read image <path> (<where>): <reason>".
+
+    One positional argument, as every OSError: torch re-raises a DataLoader worker's error in the main process
+    as `type(err)(message)`.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, kind: str = "image",
+                 reason: str = "") -> None:
+        super().__init__(message)
+        self.path, self.kind, self.reason = path, kind, reason
+
+    @classmethod
+    def of(cls, path: str | Path, reason: object, kind: str = "image", where: str = "") -> "UnreadableImage":
+        """The error for `path` that could not be decoded because of `reason` (PIL's error)."""
+        place = f" ({where})" if where else ""
+        return cls(f"cannot read {kind} {path}{place}: {reason}", path=path, kind=kind, reason=str(reason))
+
+    def at(self, where: str) -> "UnreadableImage":
+        """The same error, also saying where the file is in the data (e.g. "training split 'train', sample 7")."""
+        if self.path is None:  # re-raised from a worker: only the message travelled
+            return UnreadableImage(f"{self} ({where})")
+        return UnreadableImage.of(self.path, self.reason, self.kind, where)
+
+
+def read_sample(dataset: Any, index: int, where: str) -> Any:
+    """`dataset[index]`; a file it cannot decode raises UnreadableImage naming the file, `where` and the index."""
+    try:
+        return dataset[index]
+    except UnreadableImage as exc:
+        raise exc.at(f"{where}, sample {index}") from exc.__cause__
+
+
 def load_rgb(path: str | Path) -> Image.Image:
     """The image at `path` as RGB (grayscale, palette, CMYK and alpha images converted); errors name the file."""
     try:
         with Image.open(path) as img:
             return img.convert("RGB")
-    except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for corrupt, truncated or unknown files
-        raise OSError(f"cannot read image {path}: {exc}") from exc
+    except DECODE_ERRORS as exc:
+        raise UnreadableImage.of(path, exc) from exc
 
 
 def load_mask(path: str | Path) -> np.ndarray:
@@ -63,8 +102,8 @@ def load_mask(path: str | Path) -> np.ndarray:
         with Image.open(path) as img:
             mode = img.mode
             arr = np.array(img)  # a writable copy: torch.from_numpy warns on read-only arrays
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise OSError(f"cannot read mask {path}: {exc}") from exc
+    except DECODE_ERRORS as exc:
+        raise UnreadableImage.of(path, exc, kind="mask") from exc
     if mode in ("P", "L"):
         return np.ascontiguousarray(arr, dtype=np.uint8)
     if mode == "1":

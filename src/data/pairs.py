@@ -1,34 +1,34 @@
-"""TensorPairs: adapts torchvision's (PIL image, PIL label map) datasets to (Image, Mask) tensors.
+"""TensorPairs: (image file, label map file) pairs as (Image, Mask) tensors, for torchvision's segmentation sets.
 
 Every segmentation dataset returns (tv_tensors.Image uint8 [3, H, W], tv_tensors.Mask uint8 [H, W]) with
-255 = ignore, so the joint transforms in seg_transforms.py treat them all alike.
+255 = ignore, so the joint transforms in seg_transforms.py treat them all alike. torchvision's VOC and Cityscapes
+classes find the files; reading them here (src/data/image_files.py) makes a corrupt file an error that names it.
 """
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
+from src.data.image_files import load_mask, load_rgb
 from src.data.transforms import to_image, to_mask
 
 
 class TensorPairs(Dataset):
-    """(PIL image, PIL label map) -> (Image, Mask), optionally mapping labels through a lookup table."""
+    """images[i] read as RGB and masks[i] as class indices, optionally mapped through a lookup table."""
 
-    def __init__(self, base: Dataset, lut: torch.Tensor | None = None) -> None:
-        self.base = base
+    def __init__(self, images: Sequence[str | Path], masks: Sequence[str | Path], lut: torch.Tensor | None = None) -> None:
+        if len(images) != len(masks):
+            raise ValueError(f"{len(images)} images but {len(masks)} label maps")
+        self.images, self.masks = list(images), list(masks)
         self.lut = lut
 
     def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
+        return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
-        image, mask = self.base[index]
-        return to_image(image), to_mask(mask, self.lut)
-
-    def __getattr__(self, name: str) -> Any:  # expose e.g. .images / .targets of the torchvision dataset
-        if name in ("base", "lut"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
+        image = load_rgb(self.images[index])
+        return to_image(image), to_mask(torch.from_numpy(load_mask(self.masks[index])), self.lut)

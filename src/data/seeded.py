@@ -12,6 +12,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import Dataset
 
+from src.data.image_files import read_sample
+
 
 def mix_seed(*values: int) -> int:
     """A 63-bit seed from integers (splitmix64 chain): nearby inputs give unrelated seeds."""
@@ -28,11 +30,14 @@ class SeededTransformDataset(Dataset):
 
     Accepts an int index (uses the epoch of the last `set_epoch`) or an (epoch, index) pair, which is
     what TrainBatchSampler yields so that forked DataLoader workers always see the right epoch.
-    `same_size` says whether every sample has the same shape (so batches > 1 can be collated).
+    `same_size` says whether every sample has the same shape (so batches > 1 can be collated). `split` says
+    which data this is ("training split 'train'"), for the error of a file that cannot be decoded.
     """
 
-    def __init__(self, base: Dataset, transform: Callable[..., Any], seed: int, same_size: bool = True) -> None:
+    def __init__(self, base: Dataset, transform: Callable[..., Any], seed: int, same_size: bool = True,
+                 split: str = "dataset") -> None:
         self.base = base
+        self.split = split
         self.transform = transform
         self.seed = int(seed)
         self.epoch = 0
@@ -47,7 +52,7 @@ class SeededTransformDataset(Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, Any]:
         epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
-        image, target = self.base[index]
+        image, target = read_sample(self.base, index, self.split)
         with torch.random.fork_rng(devices=[]):
             # Only the CPU generator: torch.manual_seed would also reseed (and not restore) CUDA's.
             torch.default_generator.manual_seed(mix_seed(self.seed, epoch, index))

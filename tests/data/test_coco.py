@@ -13,9 +13,11 @@ import pytest
 import torch
 from torchvision import tv_tensors
 
+from src.data import build_datasets, build_train_loader
 from src.data.config import DataConfig
 from src.data.registry import Splits, dataset_entry
 from tests.support.coco_files import CLASS_NAMES, write_coco_folder
+from tests.support import unreadable
 
 
 def _build(root: Path) -> Splits:
@@ -93,3 +95,14 @@ def test_bad_input_is_named_at_build(tmp_path: Path, spoil: Callable[[Path], Non
     spoil(tmp_path)
     with pytest.raises(error, match=message):
         _build(tmp_path)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_image_that_cannot_be_decoded_names_its_file_split_and_sample(tmp_path: Path, num_workers: int) -> None:
+    write_coco_folder(tmp_path)
+    bad = unreadable.truncate(tmp_path / "train" / "b.jpg")  # image id 2: sample 1
+    cfg = DataConfig(name="coco", root=str(tmp_path), train_split="train", val_split="val", image_size=32,
+                     batch_size=4, num_workers=num_workers)
+    bundle = build_datasets(cfg, seed=0)
+    message = unreadable.error_of_loading(build_train_loader(bundle.train, cfg, 0, 1, seed=0))
+    assert unreadable.expected(bad, "training split 'train'", 1) in message

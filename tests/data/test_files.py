@@ -12,6 +12,9 @@ from torchvision import datasets
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
 from tests.data.fake_cifar10 import write_fake_cifar10
+# part: segmentation
+from tests.support.unreadable import error_of_loading, expected, truncate
+# /part
 
 
 def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +126,22 @@ def test_voc(tmp_path: Path) -> None:
     assert shapes == [(35, 25), (40, 40)]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_voc_image_or_mask_that_cannot_be_decoded_is_named(tmp_path: Path, num_workers: int) -> None:
+    _write_fake_voc(tmp_path)
+    voc = tmp_path / "VOCdevkit" / "VOC2012"
+    bad_image = truncate(voc / "JPEGImages" / "c.jpg")  # val: b, c
+    cfg = DataConfig(name="voc", root=str(tmp_path), crop_size=16, base_size=20, batch_size=2,
+                     num_workers=num_workers)
+    bundle = build_datasets(cfg, seed=0)
+    message = error_of_loading(build_eval_loader(bundle.val, cfg, 0, 1))
+    assert expected(bad_image, "validation split 'val'", 1) in message
+    bad_mask = voc / "SegmentationClass" / "a.png"  # train: a, b
+    bad_mask.write_bytes(b"\x89PNG\r\n\x1a\n cut short")
+    message = error_of_loading(build_train_loader(bundle.train, cfg, 0, 1, seed=0))
+    assert expected(bad_mask, "training split 'train'", 0, kind="mask") in message
+
+
 def test_voc_missing_offline_says_where(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as info:
         build_datasets(DataConfig(name="voc", root=str(tmp_path)), seed=0)
@@ -130,17 +149,22 @@ def test_voc_missing_offline_says_where(tmp_path: Path) -> None:
     assert "data.download=true" in str(info.value)
 
 
-def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
+def _write_fake_cityscapes(root: Path) -> None:
+    """One 32x16 image per split with labelIds 0 (unlabeled), 7 (road), 26 (car) and 33 (bicycle) in bands."""
     for split, city in (("train", "aachen"), ("val", "lindau")):
         stem = f"{city}_000000_000019"
-        _png(tmp_path / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", (32, 16), 50)
+        _png(root / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", (32, 16), 50)
         ids = np.zeros((16, 32), dtype=np.uint8)  # 0 = unlabeled -> ignore
         ids[:, 8:16] = 7  # road -> 0
         ids[:, 16:24] = 26  # car -> 13
         ids[:, 24:] = 33  # bicycle -> 18
-        gt = tmp_path / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
+        gt = root / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
         gt.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(ids).save(gt)
+
+
+def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
+    _write_fake_cityscapes(tmp_path)
     cfg = DataConfig(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
     bundle = build_datasets(cfg, seed=0)
     assert bundle.num_classes == 19 and bundle.class_names[0] == "road" and bundle.class_names[18] == "bicycle"
@@ -148,6 +172,15 @@ def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
     assert x.shape == (1, 3, 16, 32)
     row = m[0, 0]
     assert row[:8].eq(255).all() and row[8:16].eq(0).all() and row[16:24].eq(13).all() and row[24:].eq(18).all()
+
+
+def test_cityscapes_image_that_cannot_be_decoded_is_named(tmp_path: Path) -> None:
+    _write_fake_cityscapes(tmp_path)
+    bad = tmp_path / "leftImg8bit" / "val" / "lindau" / "lindau_000000_000019_leftImg8bit.png"
+    bad.write_bytes(b"not a PNG at all")
+    cfg = DataConfig(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
+    message = error_of_loading(build_eval_loader(build_datasets(cfg, seed=0).val, cfg, 0, 1))
+    assert expected(bad, "validation split 'val'", 0) in message
 
 
 def test_cityscapes_missing_says_where(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
+from tests.support.unreadable import error_of_loading, expected, truncate
 
 
 def _save(path: Path, w: int, h: int, mode: str = "RGB", value: int = 100) -> None:
@@ -53,13 +54,18 @@ def test_real_tree_labels_and_crops(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert torch.allclose(xs[1] * 255, torch.full_like(xs[1], 240), atol=1.5)
 
 
-def test_unreadable_image_names_its_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_unreadable_image_names_its_file_split_and_sample(tmp_path: Path, num_workers: int) -> None:
     write_tree(tmp_path)
     (tmp_path / "val" / "cat" / "v1.Jpg").write_bytes(b"\xff\xd8\xff truncated")
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28)
+    bad_train = truncate(tmp_path / "train" / "bee" / "b0.png")  # sample 2: ant's two images come first
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
+                     eval_batch_size=1, num_workers=num_workers)
     bundle = build_datasets(cfg, seed=0)
-    with pytest.raises(OSError, match=r"cannot read image .*val/cat/v1\.Jpg"):
-        bundle.val[1]
+    message = error_of_loading(build_eval_loader(bundle.val, cfg, 0, 1))
+    assert expected(tmp_path / "val" / "cat" / "v1.Jpg", "validation split 'val'", 1) in message
+    message = error_of_loading(build_train_loader(bundle.train, cfg, 0, 1, seed=0))
+    assert expected(bad_train, "training split 'train'", 2) in message
 
 
 def test_class_only_in_validation_is_an_error(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from PIL import Image
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
 from src.data.palette import save_mask_png
 from tests.support.gloo import run_on_ranks
+from tests.support.unreadable import error_of_loading, expected, truncate
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -90,6 +91,19 @@ def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None
         assert x.shape == (1, 3, *labels.shape) and idx.tolist() == [["d.png", "e.tif"].index(name)]
         assert torch.equal(m[0], torch.from_numpy(labels).long())
         assert torch.allclose((x[0] * std + mean) * 255, torch.from_numpy(rgb).permute(2, 0, 1).float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_image_that_cannot_be_decoded_names_its_file_split_and_sample(tmp_path: Path, num_workers: int) -> None:
+    write_tree(tmp_path)
+    bad_val = truncate(tmp_path / "val" / "images" / "d.png")  # its header is intact: the build's check passes
+    bad_train = truncate(tmp_path / "train" / "images" / "c.png")  # pairs sorted by path: a, c, street/b
+    cfg = _cfg(tmp_path, num_workers=num_workers)
+    bundle = build_datasets(cfg, seed=0)
+    message = error_of_loading(build_eval_loader(bundle.val, cfg, 0, 1))
+    assert expected(bad_val, "validation split 'val'", 0) in message
+    message = error_of_loading(build_train_loader(bundle.train, cfg, 0, 1, seed=0))
+    assert expected(bad_train, "training split 'train'", 1) in message
 
 
 def test_same_sized_validation_images_are_batched(tmp_path: Path) -> None:

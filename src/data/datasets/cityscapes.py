@@ -39,4 +39,9 @@ def build_cityscapes(cfg: DataConfig) -> Splits:
     train = datasets.Cityscapes(str(root), split=cfg.train_split, **kwargs)
     val = datasets.Cityscapes(str(root), split=cfg.val_split, **kwargs)
     # All Cityscapes images are 1024x2048, but a custom subset might not be: evaluate one image per batch.
-    return Splits(TensorPairs(train, lut), TensorPairs(val, lut), names, val_same_size=False)
+    return Splits(_pairs(train, lut), _pairs(val, lut), names, val_same_size=False)
+
+
+def _pairs(split: datasets.Cityscapes, lut: torch.Tensor) -> TensorPairs:
+    """Each image with its labelIds map (target_type="semantic": one target file per image)."""
+    return TensorPairs(split.images, [targets[0] for targets in split.targets], lut)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets, tv_tensors
 from torchvision.datasets.vision import VisionDataset
@@ -29,6 +30,7 @@ from src.data.coco_annotations import CocoAnnotations, load_annotations
 from src.data import det_transforms  # noqa: F401  (registers the detection task's TaskData)
 from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
+from src.data.image_files import load_rgb
 from src.data.registry import DATASETS, Splits
 from src.data.transforms import to_image
 
@@ -51,6 +53,10 @@ class _IndexedCoco(datasets.CocoDetection):
         VisionDataset.__init__(self, str(images_dir))
         self.coco = coco
         self.ids = sorted(coco.imgs.keys())  # what CocoDetection.__init__ sets
+
+    def _load_image(self, id: int) -> Image.Image:
+        """CocoDetection's, with an error that names a file it cannot decode (PIL's names none)."""
+        return load_rgb(Path(self.root) / self.coco.loadImgs(id)[0]["file_name"])
 
 
 class CocoDetectionSet(Dataset):

@@ -39,4 +39,5 @@ def build_voc(cfg: DataConfig) -> Splits:
         return train, val
 
     train, val = guarded(build)
-    return Splits(TensorPairs(train), TensorPairs(val), list(VOC_CLASSES), val_same_size=False)
+    return Splits(TensorPairs(train.images, train.masks), TensorPairs(val.images, val.masks), list(VOC_CLASSES),
+                  val_same_size=False)
