@@ -1,7 +1,7 @@
 """Suite-wide pytest wiring: `cuda` tests run only where a GPU is present; test files are the units that
 pytest-xdist's workers share out (`make test` runs the suite on several workers); the trained runs that several
-test modules read (made once per session, also across workers: tests/support/trained_runs.py); fixtures that
-restore process-wide state (tests/support/process_state.py)."""
+test modules read (made once per session, also across workers: tests/support/trained_runs.py); a guard that
+fails any test leaving process-wide state changed (tests/support/process_state.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,13 +28,36 @@ LONG_GROUPS_FIRST = ("docker", "cluster", "engine/test_compile.py", "syncbn/test
                      "test_new_project.py")
 
 
+def _guard(who: str) -> Iterator[None]:
+    """Fail `who` when it leaves process-wide state changed (tests/support/process_state.py lists what is
+    watched), naming what changed; then put it back, so that what runs after it runs as it would alone."""
+    before = process_state.snapshot()
+    yield
+    changed = process_state.changes(before, process_state.snapshot())
+    if changed:
+        stuck = process_state.restore(before)
+        pytest.fail(f"{who} left process-wide state changed (restore it: monkeypatch, process_state.restoring(...) "
+                    "or the restores_process_state fixture):\n  " + "\n  ".join(changed)
+                    + (f"\n  (cannot be put back in this process: {', '.join(stuck)})" if stuck else ""),
+                    pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_state_guard() -> Iterator[None]:
+    """Session-scoped fixtures and conftest imports: what they change must be undone by the session's end."""
+    yield from _guard("the session's fixtures")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_state_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Module-scoped fixtures (and a module's import-time code run during its tests) restore what they change."""
+    yield from _guard(f"{request.node.nodeid} (its module-scoped fixtures)")
+
+
 @pytest.fixture(autouse=True)
-def _backend_flags_settable() -> None:
-    """torch.testing._internal (imported by torch.library.opcheck and by PyTorch's module_db) calls
-    torch.backends.disable_global_flags() at import, for the rest of the process: every later in-process training
-    run on that pytest worker would then fail setting torch.backends.cudnn.benchmark. Undo it before each test."""
-    if torch.backends.flags_frozen():  # the flag is a global of torch.backends' own namespace
-        torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+def _process_state_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test, with its function-scoped fixtures, restores what it changes."""
+    yield from _guard(request.node.nodeid)
 
 
 @pytest.fixture
@@ -49,6 +72,14 @@ def one_thread() -> Iterator[None]:
 def restores_rng() -> Iterator[None]:
     """For tests that seed torch's, numpy's or Python's global generator: their states are put back after."""
     with process_state.restoring(*process_state.GLOBAL_RNGS):
+        yield
+
+
+@pytest.fixture
+def restores_backend_flags() -> Iterator[None]:
+    """For tests that import torch.testing._internal (torch.library.opcheck, PyTorch's module_db): the import
+    freezes torch.backends' flags for the rest of the process (tests/support/process_state.py)."""
+    with process_state.restoring(*process_state.BACKEND_FLAGS):
         yield
 
 

@@ -55,6 +55,7 @@ def syncbn_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_evaluate_dry_run_reads_builds_forwards_and_writes_nothing(syncbn_checkpoint: Path, tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture) -> None:
     from src.commands.evaluate import run
@@ -69,6 +70,7 @@ def test_evaluate_dry_run_reads_builds_forwards_and_writes_nothing(syncbn_checkp
     assert "epoch 0, step 4, model weights" in printed and "10 val samples" in printed
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_predict_dry_run_lists_inputs_forwards_one_batch_and_writes_nothing(syncbn_checkpoint: Path,
                                                                              tmp_path: Path,
                                                                              capsys: pytest.CaptureFixture) -> None:

@@ -100,7 +100,7 @@ def test_evaluate_reproduces_logged_classification_metrics(trained_cls_run: Path
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("restores_process_state", "one_thread")  # run() in this process
 def test_evaluate_ema_weights_reproduce_logged_ema_metrics(trained_cls_run: Path, tmp_path: Path) -> None:
     """In this process (evaluate.py's main only hands the composed config to run(), which the test above runs as a
     command): `ema=true` evaluates the EMA weights, which the trainer logged as ema_*."""
@@ -146,6 +146,7 @@ def _compose(*overrides: str):
         return compose("evaluate", overrides=list(overrides))
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_missing_or_absent_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="ckpt is required: python evaluate.py ckpt="):
         run(_compose())
@@ -153,6 +154,7 @@ def test_missing_or_absent_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         run(_compose(f"ckpt={tmp_path / 'nope.pt'}"))
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_another_model_or_a_broken_file_is_a_clear_error(tmp_path: Path) -> None:
     from tests.engine.legacy_checkpoint import write_format_v0
 

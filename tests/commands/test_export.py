@@ -56,8 +56,9 @@ def _write_checkpoint(path: Path, overrides: list[str]) -> dict[str, torch.Tenso
     Returns the weights."""
     cfg = _compose(overrides)
     names = build_datasets(cfg.data, seed=0).class_names
-    torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.norm, len(names))
+    with torch.random.fork_rng(devices=[]):  # seeded initial weights; the caller's generator left as it was
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.norm, len(names))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for key, t in model.state_dict().items():

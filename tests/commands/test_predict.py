@@ -221,6 +221,7 @@ def test_two_ranks_predict_nested_and_clashing_names_once_each(walkthrough: Path
 # /part
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_checkpoint_without_class_names_predicts_numbered_classes(walkthrough: Path, tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 

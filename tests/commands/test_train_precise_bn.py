@@ -1,9 +1,7 @@
 """trainer.precise_bn_batches end to end: train.py's run() in this process (one process, tiny `shapes` job, ~2 s)."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -18,21 +16,6 @@ JOB = ["data.train_size=64", "data.val_size=20", "data.image_size=16", "data.eva
        "trainer.tensorboard=false", "trainer.epochs=2", "trainer.ema=true", "trainer.log_every=1"]
 
 
-@pytest.fixture
-def own_logging() -> Iterator[None]:
-    """run() configures the root logger for its run dir: put pytest's handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    logging.captureWarnings(False)
-
-
 def _train(run_root: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str]) -> Path:
     from src.commands.train import run
 
@@ -45,7 +28,7 @@ def _train(run_root: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str]
     return run_dir
 
 
-@pytest.mark.usefixtures("one_thread", "own_logging")
+@pytest.mark.usefixtures("restores_process_state", "one_thread")  # run() in this process
 def test_recalibration_before_each_evaluation_changes_only_the_statistics(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     plain = _train(tmp_path / "plain", monkeypatch, [])

@@ -26,7 +26,7 @@ def _check_run(run_dir: Path, out: str, norm_layer: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("restores_process_state", "one_thread")  # run() in this process
 def test_timm_model_with_syncbn_channels_last_and_sync_until_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "timm"
     result = launch(2, [*SHORT, "model=timm", "model.arch=mobilenetv3_small_050", "trainer.channels_last=true",
@@ -55,6 +55,7 @@ def test_torchvision_model_with_syncbn_groups_and_sync_every(tmp_path: Path) -> 
     _check_run(run_dir, result.stdout, "SyncBatchNorm2d")
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_group_size_that_does_not_divide_the_world_fails_before_any_process_group(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from src.commands.train import run

@@ -6,6 +6,8 @@ import torch
 
 from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader, set_loader_epoch
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 
 def _cfg(**kw: object) -> DataConfig:
     base = dict(name="shapes", train_size=48, val_size=23, num_classes=4, batch_size=4, eval_batch_size=5)

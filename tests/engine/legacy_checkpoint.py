@@ -37,8 +37,14 @@ def write_format_v0(path: Path, overrides: list[str], *, epoch: int, step: int, 
     """Train nothing, but write a complete first-format checkpoint of the composed config at `path`.
 
     The model, SGD momentum state (one real step), scheduler, disabled GradScaler and EMA are real objects
-    built by today's builders, so loading the file exercises every key. Returns the stored dict.
+    built by today's builders, so loading the file exercises every key. Returns the stored dict. The weights
+    come from the config's seed; the caller's global generator is left as it was.
     """
+    with torch.random.fork_rng(devices=[]):
+        return _write_format_v0(path, overrides, epoch=epoch, step=step, steps_per_epoch=steps_per_epoch)
+
+
+def _write_format_v0(path: Path, overrides: list[str], *, epoch: int, step: int, steps_per_epoch: int) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = validate_config(compose("train", overrides=overrides))
     plain = config_dict(cfg)

@@ -23,6 +23,9 @@ from src.models.config import ModelConfig, NormConfig
 from tests.engine.fake_loader import ListLoader
 from tests.support.gloo import run_on_ranks
 
+# One intra-op thread, as on each gloo rank (put back after each test); tests here seed torch's global generator.
+pytestmark = pytest.mark.usefixtures("one_thread", "restores_rng")
+
 
 @pytest.mark.parametrize("n,k", [(7, 3), (6, 3), (5, 1), (2, 4)])
 def test_windows_cover_the_epoch_and_scales_sum_to_one(n: int, k: int) -> None:
@@ -118,7 +121,6 @@ def test_accumulated_micro_batches_equal_one_big_batch() -> None:
     different order (4 partial means vs one mean), a relative rounding of ~1e-7 per operation, which
     three momentum steps at lr 0.1 amplify to ~1e-6; a wrong scale (e.g. 1/K missing) moves them by >1e-2.
     """
-    torch.set_num_threads(1)
     x, y = _data(48)
     big = _model()
     small = copy.deepcopy(big)
@@ -132,7 +134,6 @@ def test_accumulated_micro_batches_equal_one_big_batch() -> None:
 
 def test_partial_window_averages_over_its_own_micro_batches() -> None:
     """An epoch of 5 micro-batches with K=4: the last step must equal a plain step on the 5th micro-batch."""
-    torch.set_num_threads(1)
     x, y = _data(20)
     batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 20, 4)]
     model = _model()
@@ -176,7 +177,6 @@ def test_float64_accumulation_on_two_ranks_equals_one_batch_per_window() -> None
     over the 6 steps (AMD EPYC, 2026-12-01): losses 3e-16, parameters 4e-15. Scaling the partial window by
     1/K instead of 1/3 (the classic accumulation bug) makes them differ by 0.5 and 0.7.
     """
-    torch.set_num_threads(1)
     ranks = run_on_ranks(2, _accumulate_float64)
     world = 2
     x, y = _data(ACCUM_MICRO * MICRO * world, seed=2)

@@ -10,6 +10,8 @@ from torch import nn
 from src.config import OptimConfig
 from src.engine.optim import build_optimizer
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 
 class _Net(nn.Module):
     """Conv + BN trunk and an `fc` head: decayed, undecayed (BN, biases) and head (head_lr_mult) groups."""

@@ -20,6 +20,8 @@ from src.engine.precise_bn import recompute_bn_stats
 from src.syncbn import convert_sync_batchnorm
 from tests.support.gloo import run_on_ranks
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 NUM_BATCHES = 3
 
 

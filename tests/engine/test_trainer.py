@@ -26,6 +26,8 @@ from src.engine.checkpoint.state import Progress, TrainState
 from src.engine.trainer import Trainer
 from tests.engine.fake_loader import ListLoader
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 
 class Recorder(Hook):
     """Records (event, step, epoch, epoch_complete, finishing) and can request a stop or a checkpoint."""

@@ -28,8 +28,9 @@ import torch.distributed as dist
 
 # Values pytest itself changes around each test, not the test.
 _PYTEST_ENV = ("PYTEST_CURRENT_TEST",)
-# SIGKILL and SIGSTOP cannot be caught; pytest-timeout (pytest.ini's `timeout`) sets SIGALRM's around each test.
-_NOT_WATCHED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM}
+# SIGKILL and SIGSTOP cannot be caught; pytest-timeout (pytest.ini's `timeout`) sets SIGALRM's around each test;
+# torch's DataLoader sets SIGCHLD's once per process, at its first worker, and never again (so it must stay).
+_NOT_WATCHED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM, signal.SIGCHLD}
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,18 @@ def _own_handler(handler: logging.Handler) -> bool:
     return not type(handler).__module__.startswith("_pytest")  # pytest's capture handlers come and go per phase
 
 
+def _watched_logger(name: str) -> bool:
+    # The project's loggers (and the root, which the commands configure). Libraries configure their own loggers
+    # when first imported (torch's artifact loggers, MLflow's, torchmetrics'): no test's doing, and no import
+    # can be undone.
+    return name == "src" or name.startswith(("src.", "tests"))
+
+
 def _logging() -> dict[str, Any]:
-    """Level, handlers, propagation of the root logger and of every logger configured away from the defaults."""
+    """Level and handlers of the root logger; level, handlers, propagation of the project's loggers."""
     loggers: dict[str, Any] = {"": (logging.root.level, tuple(filter(_own_handler, logging.root.handlers)))}
     for name, logger in list(logging.root.manager.loggerDict.items()):
-        if isinstance(logger, logging.Logger):
+        if isinstance(logger, logging.Logger) and _watched_logger(name):
             state = (logger.level, tuple(filter(_own_handler, logger.handlers)), logger.propagate, logger.disabled)
             if state != (logging.NOTSET, (), True, False):  # a logger first created by this test is no change
                 loggers[name] = state
@@ -113,7 +121,7 @@ def _set_logging(state: dict[str, Any]) -> None:
     _set_handlers(logging.root, handlers, [h for h in logging.root.handlers if not _own_handler(h)])
     logging.root.setLevel(level)
     for name, logger in list(logging.root.manager.loggerDict.items()):
-        if not isinstance(logger, logging.Logger):
+        if not isinstance(logger, logging.Logger) or not _watched_logger(name):
             continue
         level, handlers, propagate, disabled = state.get(name, (logging.NOTSET, (), True, False))
         _set_handlers(logger, handlers, [h for h in logger.handlers if not _own_handler(h)])
@@ -142,7 +150,8 @@ def _set_signals(handlers: dict[int, Any]) -> None:
 
 
 def _show_signals(before: dict, after: dict) -> str:
-    return ", ".join(f"{signal.Signals(s).name}: {before[s]!r} -> {after[s]!r}" for s in before if before[s] != after[s])
+    return ", ".join(f"{signal.Signals(s).name}: {before[s]!r} -> {after[s]!r}"
+                     for s in before if before[s] != after[s])
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,9 @@ def _set_numpy_rng(state: tuple) -> None:
 
 
 def _process_group() -> Optional[str]:
-    return f"{dist.get_backend()} world of {dist.get_world_size()}" if dist.is_available() and dist.is_initialized() else None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return f"{dist.get_backend()} world of {dist.get_world_size()}"
 
 
 def _destroy_process_group(before: Optional[str]) -> None:
@@ -206,6 +217,7 @@ PROBES: tuple[Probe, ...] = (
 
 
 GLOBAL_RNGS = ("torch's global RNG", "numpy's global RNG", "Python's global RNG")
+BACKEND_FLAGS = ("torch.backends flags frozen", "torch backend flags")
 
 
 def snapshot(probes: tuple[Probe, ...] = PROBES) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from src.syncbn import (
     convert_sync_batchnorm, revert_sync_batchnorm,
 )
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,9 @@ from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d, functions
 from src.syncbn.extension import load_extension
 from src.syncbn.fake_kernels import OP_NAMES
 
+# torch.library.opcheck imports torch.testing._internal, which freezes torch.backends' flags for the process.
+pytestmark = pytest.mark.usefixtures("restores_backend_flags")
+
 FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 

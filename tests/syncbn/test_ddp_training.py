@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from src.syncbn import convert_sync_batchnorm
 from tests.support.gloo import run_on_ranks
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 STEPS = 4
 # fp32 training compared with fp32 training: different summation orders (per-rank partial sums,

@@ -14,6 +14,8 @@ import torch.nn as nn
 from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives, configure_sync
 from src.syncbn.functions import kernel_memory_format
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 PAIRS = [(SyncBatchNorm1d, nn.BatchNorm1d), (SyncBatchNorm2d, nn.BatchNorm2d), (SyncBatchNorm3d, nn.BatchNorm3d)]
 
@@ -86,6 +88,7 @@ def test_torch_sample_inputs_train_then_eval(ref_cls: type, args: tuple, kwargs:
     _assert_same_step(ours, ref, torch.randn(shape, device=device), F32_TOL)
 
 
+@pytest.mark.usefixtures("restores_backend_flags")  # importing module_db freezes torch.backends' flags
 def test_module_db_is_transcribed_faithfully() -> None:
     common_modules = pytest.importorskip("torch.testing._internal.common_modules", exc_type=ImportError)
     for info in common_modules.module_db:

@@ -23,6 +23,8 @@ from src.syncbn import SyncBatchNorm2d, collectives
 from tests.support.gloo import run_on_ranks
 from tests.syncbn.bn_cases import collective_calls
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 STEPS = 3
 MICRO_BATCHES = 2  # gradient accumulation: two forwards (and two backwards) per optimizer step
 TOL = dict(rtol=1e-9, atol=1e-9)  # float64; both runs compute the same ops in the same order

@@ -16,6 +16,8 @@ import torch
 from src.syncbn import SyncBatchNormAct2d, convert_sync_batchnorm
 from tests.support.gloo import run_on_ranks
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 ARCHS = ("efficientnet_b0", "mobilenetv3_small_100", "regnety_002")
 BATCHES = (3, 5)
 SIZE = 32

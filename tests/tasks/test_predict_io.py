@@ -62,6 +62,7 @@ def _compose(*overrides: str):
         return compose("predict", overrides=list(overrides))
 
 
+@pytest.mark.usefixtures("restores_process_state")  # run() in this process
 def test_missing_arguments_say_how_to_call_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"ckpt, input, out are required: python predict.py ckpt="):
         run(_compose())

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from src.config import OptimConfig, SchedConfig
@@ -21,6 +22,9 @@ from src.engine.optim import build_optimizer, build_scheduler
 from src.engine.seeding import capture_rng_state, restore_rng_state
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+
+# Tests here seed torch's global generator, and the RNG-state test draws from numpy's and Python's too.
+pytestmark = pytest.mark.usefixtures("restores_rng")
 
 REPO = Path(__file__).resolve().parents[3]
 

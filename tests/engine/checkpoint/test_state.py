@@ -18,6 +18,8 @@ from src.models.config import ModelConfig, NormConfig
 from tests.engine.legacy_checkpoint import write_format_v0
 from tests.support.launch import launch, rows
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 # 64 images of 16x16 in batches of 16: 4 optimizer steps per epoch, 2 epochs; a 37-image validation set.
 JOB = ["model=resnet20", "norm=bn", "data.train_size=64", "data.val_size=37", "data.image_size=16",
        "data.batch_size=16", "data.eval_batch_size=16", "trainer.epochs=2", "trainer.ema=true", "device=cpu",

@@ -24,7 +24,10 @@ from torch.utils.data import DataLoader, Dataset
 from src.data.samplers import ExactEvalSampler
 from src.engine.evaluation.evaluator import evaluate
 from src.tasks.exports import mask_filename
+from tests.support import process_state
 from tests.support.gloo import run_on_ranks
+
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
 
 NUM_CLS_SAMPLES, NUM_CLASSES = 101, 7
 NUM_SEG_IMAGES, NUM_SEG_CLASSES = 13, 5  # class 4 never occurs in the targets nor (almost surely) in preds
@@ -130,9 +133,10 @@ def same(a: dict[str, float], b: dict[str, float]) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """One process, no process group: the result every world size must reproduce."""
+    """One process, no process group: the result every world size must reproduce (on one thread, as each rank)."""
     out = tmp_path_factory.mktemp("reference")
-    return evaluate_both(0, 1, str(out)), out
+    with process_state.restoring("torch intra-op threads", "torch's global RNG"):
+        return evaluate_both(0, 1, str(out)), out
 
 
 def test_reference_metrics_are_plausible(reference: tuple[dict, Path]) -> None:
