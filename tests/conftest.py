@@ -1,7 +1,8 @@
 """Suite-wide pytest wiring: `cuda` tests run only where a GPU is present; test files are the units that
 pytest-xdist's workers share out (`make test` runs the suite on several workers); the trained runs that several
 test modules read (made once per session, also across workers: tests/support/trained_runs.py); a guard that
-fails any test leaving process-wide state changed (tests/support/process_state.py)."""
+fails any test leaving process-wide state changed (tests/support/process_state.py); the gloo pools' workers
+checked for a clean exit when the session ends (tests/support/gloo.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from tests.support import process_state
+from tests.support import gloo, process_state
 
 from tests.support.trained_runs import trained_cls_run  # noqa: F401  (session fixtures)
 # part: segmentation
@@ -40,6 +41,16 @@ def _guard(who: str) -> Iterator[None]:
                     "or the restores_process_state fixture):\n  " + "\n  ".join(changed)
                     + (f"\n  (cannot be put back in this process: {', '.join(stuck)})" if stuck else ""),
                     pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gloo_workers_exit_cleanly() -> Iterator[None]:
+    """At the session's end every gloo pool worker (tests/support/gloo.py) must exit with status 0; else the
+    error names the workers and the tests that ran on them."""
+    yield
+    reports = gloo.close_all()
+    if reports:
+        pytest.fail("\n".join(reports), pytrace=False)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,8 +1,11 @@
-"""tests/support/gloo.py itself: results in rank order, workers reused without leaking state, and a
-fresh pool after a rank raised, died or timed out in a collective."""
+"""tests/support/gloo.py itself: results in rank order, workers reused without leaking state, a fresh pool after
+a rank raised, died or timed out in a collective, groups formed as a training run forms them, and a worker that
+crashes outside a task reported with the tests that ran on it."""
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 
 import pytest
 import torch
@@ -135,3 +138,43 @@ def test_pools_over_the_worker_cap_stop_the_least_recently_used(monkeypatch: pyt
     assert list(gloo._POOLS) == [2]
     assert run_on_ranks(1, _pid) != one  # started again, and the two-rank pool stopped for it
     assert list(gloo._POOLS) == [1]
+
+
+def _crash_at_exit(rank: int, world: int, how: str) -> int:
+    if rank == 1 and how == "status":  # after this task's result is sent: when the worker's interpreter shuts down
+        atexit.register(os._exit, 5)
+    elif rank == 1:
+        atexit.register(os.kill, os.getpid(), signal.SIGSEGV)
+    return os.getpid()
+
+
+@pytest.mark.parametrize("how,said", [("status", "exited with status 5"), ("signal", "exited with signal SIGSEGV")])
+def test_a_worker_that_crashes_at_exit_fails_the_tests_that_ran_on_it(how: str, said: str) -> None:
+    with pytest.raises(gloo.WorkerCrash, match=rf"rank 1 \(pid \d+\) {said}\. Tests that ran on these workers: "
+                                               rf"tests/test_gloo_harness.py::test_a_worker_that_crashes_at_exit"):
+        run_on_ranks(WORLD, _crash_at_exit, how, fresh=True)
+
+
+def test_a_shared_worker_that_crashes_is_reported_when_its_pool_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not gloo.close_all()  # the pools the tests before used exited cleanly
+    run_on_ranks(WORLD, _pid)
+    run_on_ranks(WORLD, _crash_at_exit, "status")
+    (report,) = gloo.close_all()  # as at the session's end (tests/conftest.py fails the run with it)
+    assert "rank 1" in report and "exited with status 5" in report
+    assert report.endswith("test_a_shared_worker_that_crashes_is_reported_when_its_pool_closes")
+    # Evicted to make room for another pool: the test that needs the room fails, naming the ones that ran there.
+    monkeypatch.setattr(gloo, "MAX_WORKERS", 2)
+    run_on_ranks(WORLD, _crash_at_exit, "status")
+    with pytest.raises(gloo.WorkerCrash, match="exited with status 5"):
+        run_on_ranks(1, _pid)
+
+
+def _group_facts(rank: int, world: int) -> dict:
+    return {"backend": dist.get_backend(), "agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE")}
+
+
+def test_tasks_form_their_group_through_init_distributed() -> None:
+    facts = run_on_ranks(WORLD, _group_facts)
+    assert facts == [{"backend": "gloo", "agent_store": "True"}] * WORLD
+    # init_distributed's launch handshake: rank 0 opened a namespace of its own in the pool's store.
+    assert gloo._POOLS[WORLD].store.check(["synctrain/pg/round"])

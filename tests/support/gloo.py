@@ -7,6 +7,9 @@ workers form a new default process group for it and reset what a test may change
 (tests/support/gloo_worker.py says what and how). Forming a group over the pool's store takes tens of
 milliseconds.
 
+Each task forms its group as a training run does, through src/process_group.py's init_distributed (torchrun's
+environment and store, the launch handshake, the timeouts) and tears it down with its destroy().
+
 Safety nets, so that a bug fails a test instead of hanging CI: every collective has the group's timeout
 (`timeout_s`), a task has a wall-clock deadline after which its workers are killed, and a rank's
 traceback comes back to the test. After any failure (a rank raised, died or missed the deadline) the
@@ -14,6 +17,11 @@ pool is discarded, so the next call gets new processes and a new group: a failed
 peers inside a collective. A test that breaks the group on purpose passes `breaks_group=True`;
 `fresh=True` runs on processes started for this call alone (for what only a new process gives, e.g.
 environment variables read at import).
+
+A worker that crashes outside a task (after sending its result, between tasks, or while stopping) is seen
+when its pool closes (after a failure, when it is evicted, after a fresh or group-breaking call, and at the
+end of the session: tests/conftest.py): every worker must have exited with status 0, or WorkerCrash names
+the worker, its exit status and every test that ran a task on it.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import datetime
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection, wait
@@ -35,6 +44,9 @@ COLLECTIVE_TIMEOUT_S = 60.0  # one collective on loopback takes milliseconds; 60
 DEADLINE_S = 300.0  # one task; far above what any takes (tens of seconds on 2 busy cores)
 START_TIMEOUT_S = 300.0  # importing torch in W processes at once on 2 busy cores: tens of seconds
 GRACE_S = 5.0  # after a rank failed, how long the others may take to report their own errors
+# A worker told to stop leaves its loop at once; the interpreter's shutdown after it takes a second or two (tens
+# of seconds on an overloaded machine). One that takes longer hangs there.
+STOP_TIMEOUT_S = 120.0
 # Idle workers kept across tests, all pools together: each holds ~375 MB of private memory (torch, the
 # kernels), and one pool per world size 1-4 would be 10 of them, in every pytest(-xdist) process. Beyond
 # this, the least recently used pools are stopped (and started again if needed later).
@@ -60,11 +72,16 @@ def _kernel_library() -> Optional[str]:
     return ops.library if ops.traceable else None
 
 
+class WorkerCrash(AssertionError):
+    """A pool's worker did not exit cleanly; the message names it and the tests that ran tasks on it."""
+
+
 class GlooPool:
     """W spawned workers that each run every task as one rank of a new gloo group."""
 
     def __init__(self, world: int) -> None:
         self.world = world
+        self.tests: list[str] = []  # the tests that ran a task on these workers, in order
         # The store lives here: port 0 lets the OS pick a free port, no race with other tests or xdist workers.
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
                                    wait_for_workers=False)
@@ -91,12 +108,15 @@ class GlooPool:
         replies = self._collect(START_TIMEOUT_S, "did not start")
         errors = {r: text for r, (kind, text) in replies.items() if kind != "ready"}
         if errors:
-            self.close()
+            self.close()  # the workers that did not start: their errors say why
             raise RankFailure(world, errors, {})
 
     def run(self, fn: Callable[..., Any], args: tuple, timeout_s: float, deadline_s: float) -> list[Any]:
         """fn(rank, world, *args) on every worker; results in rank order, or RankFailure."""
         self.tasks += 1
+        test = os.environ.get("PYTEST_CURRENT_TEST", "(outside a test)").rsplit(" (", 1)[0]
+        if not self.tests or self.tests[-1] != test:
+            self.tests.append(test)
         message = pickle.dumps((self.tasks, fn, args, timeout_s), protocol=pickle.HIGHEST_PROTOCOL)
         for conn in self.conns:
             conn.send_bytes(message)
@@ -128,20 +148,48 @@ class GlooPool:
             replies[rank] = ("error", f"{late} (killed)")
         return replies
 
-    def close(self) -> None:
-        """Stop the workers (asked first, killed if they do not stop)."""
+    def stop(self) -> None:
+        """Ask every worker to stop (close() then waits for them)."""
         for conn in self.conns:
             try:
                 conn.send_bytes(pickle.dumps(None))
             except OSError:
                 pass
-        for proc in self.procs:
-            proc.join(2)
+
+    def close(self) -> list[str]:
+        """Stop the workers (asked first, killed if they do not stop); returns what went wrong with each that
+        did not exit with status 0 by itself (a crash, a kill, a hang), empty when all did."""
+        self.stop()
+        problems = []
+        for rank, proc in enumerate(self.procs):
+            proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+                problems.append(f"rank {rank} (pid {proc.pid}) did not stop within {STOP_TIMEOUT_S:g} s (killed)")
+            elif proc.exitcode != 0:
+                problems.append(f"rank {rank} (pid {proc.pid}) exited with {_status(proc.exitcode)}")
         for conn in self.conns:
             conn.close()
+        return problems
+
+    def crash_report(self, problems: list[str]) -> str:
+        """The message for `problems` (from close): the workers and the tests that ran on them."""
+        return (f"gloo worker(s) of the {self.world}-rank pool did not exit cleanly: {'; '.join(problems)}. "
+                f"Tests that ran on these workers: {', '.join(self.tests) or 'none'}")
+
+
+def _status(exitcode: Optional[int]) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"signal {signal.Signals(-exitcode).name}"
+    return f"status {exitcode}"
+
+
+def close_checked(pool: GlooPool) -> None:
+    """Close `pool`; WorkerCrash if a worker did not exit cleanly."""
+    problems = pool.close()
+    if problems:
+        raise WorkerCrash(pool.crash_report(problems))
 
 
 _POOLS: "OrderedDict[int, GlooPool]" = OrderedDict()  # least recently used first
@@ -152,7 +200,7 @@ def _shared_pool(world: int) -> GlooPool:
     pool = _POOLS.get(world)
     if pool is None:
         while _POOLS and sum(p.world for p in _POOLS.values()) + world > MAX_WORKERS:
-            _POOLS.popitem(last=False)[1].close()
+            close_checked(_POOLS.popitem(last=False)[1])
         pool = _POOLS[world] = GlooPool(world)
     _POOLS.move_to_end(world)
     return pool
@@ -169,20 +217,36 @@ def run_on_ranks(
     `deadline_s` the whole call.
     """
     pool = GlooPool(world) if fresh else _shared_pool(world)
-    keep = False
     try:
         results = pool.run(fn, args, timeout_s, deadline_s)
-        keep = not (fresh or breaks_group)
-        return results
-    finally:
-        if not keep:  # failed, interrupted, or a group no later task may use
-            if _POOLS.get(world) is pool:
-                del _POOLS[world]
-            pool.close()
+    except BaseException as failure:  # a failed task may have left peers in a collective: new workers next time
+        _discard(pool)
+        problems = pool.close()
+        if problems and isinstance(failure, RankFailure):
+            failure.args = (f"{failure.args[0]}\n{pool.crash_report(problems)}",)
+        raise
+    if fresh or breaks_group:  # a group no later task may use
+        _discard(pool)
+        close_checked(pool)
+    return results
 
 
-@atexit.register
-def close_all() -> None:
-    """Stop every pool (at interpreter exit; the workers are daemons, this lets them exit cleanly)."""
+def _discard(pool: GlooPool) -> None:
+    if _POOLS.get(pool.world) is pool:
+        del _POOLS[pool.world]
+
+
+def close_all() -> list[str]:
+    """Stop every pool; the crash reports of those whose workers did not exit cleanly."""
+    reports = []
+    for pool in _POOLS.values():  # all at once: their interpreters shut down side by side
+        pool.stop()
     while _POOLS:
-        _POOLS.popitem()[1].close()
+        pool = _POOLS.popitem()[1]
+        problems = pool.close()
+        if problems:
+            reports.append(pool.crash_report(problems))
+    return reports
+
+
+atexit.register(close_all)  # outside pytest (tests/conftest.py closes them at the session's end and checks)

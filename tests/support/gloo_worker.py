@@ -2,9 +2,9 @@
 
 Every task starts from the state a freshly spawned worker would have, so a test cannot see what an
 earlier test on the same worker did:
-- process groups: each task forms a new default gloo group (over the pool's store, in a key prefix of
-  its own) and `destroy_process_group()` tears it down afterwards together with every sub-group the
-  task made. src.syncbn.groups keys its group caches on the WORLD group, so groups cached by an earlier
+- process groups: each task forms a new default gloo group with src/process_group.py's init_distributed
+  (over the pool's store, in a namespace of its own) and its destroy() tears it down afterwards together
+  with every sub-group the task made. src.syncbn.groups keys its group caches on the WORLD group, so groups cached by an earlier
   task are never handed out again (rank_group raises, stats_group is None, create_* make new ones).
 - torch's default seed, a freshly seeded `random`/numpy, one torch thread, the default dtype, grad
   mode, deterministic-algorithms flag, environment, working directory, and SyncBN's collective
@@ -14,6 +14,7 @@ src/comm.py holds no module state.
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib.util
 import os
 import pickle
@@ -26,6 +27,8 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from src import process_group
 
 Task = tuple[int, Callable[..., Any], tuple, float]  # (number, fn, args, collective timeout in seconds)
 
@@ -81,10 +84,11 @@ def _meet(store: dist.Store, name: str, rank: int, world: int, timeout_s: float)
 
 def _run_task(rank: int, world: int, store: dist.Store, task: Task) -> tuple[str, Any]:
     number, fn, args, timeout_s = task
-    tasks = dist.PrefixStore(f"task{number}/", store)
+    tasks = dist.PrefixStore(f"task{number}/", store)  # the harness's own meeting points
     try:
-        dist.init_process_group("gloo", store=tasks, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        # As a training run forms its group: torchrun's environment (serve() set it) and agent store, the launch
+        # handshake in a fresh namespace of that store, the timeouts.
+        process_group.init_distributed(torch.device("cpu"), timeout_s=timeout_s, init_timeout_s=timeout_s)
         # gloo's init may return on one rank before a peer finished connecting; a rank that then tore the
         # group down at once (a task without collectives) would break the peer's half-made connection.
         _meet(tasks, "connected", rank, world, timeout_s)
@@ -99,15 +103,15 @@ def _run_task(rank: int, world: int, store: dist.Store, task: Task) -> tuple[str
                 tasks.set(f"finished/{rank}", b"1")
         except RuntimeError:
             pass  # a peer failed or died: the parent restarts the pool
-        dist.destroy_process_group()  # WORLD and every sub-group of this task
+        process_group.destroy()  # WORLD and every sub-group of this task, as the commands tear down
     return outcome
 
 
 def serve(rank: int, world: int, store_port: int, conn: Connection, library: Optional[str]) -> None:
     """Worker main loop: answer "ready", then run each task received on `conn` until told to stop."""
-    os.environ.update(  # what torchrun would set; src.comm reads LOCAL_RANK and LOCAL_WORLD_SIZE
+    os.environ.update(  # what torchrun sets; the pool's parent serves the store, as torchrun's agent does
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port), RANK=str(rank), WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), TORCHELASTIC_USE_AGENT_STORE="True",
     )
     torch.set_num_threads(1)  # 2 cores shared by several processes: no oversubscription
     try:
@@ -128,7 +132,10 @@ def serve(rank: int, world: int, store_port: int, conn: Connection, library: Opt
         except BaseException:
             outcome: tuple[str, Any] = ("error", "the task could not be unpickled:\n" + traceback.format_exc())
         else:
-            if task is None:
+            if task is None:  # stop: leave through the interpreter's shutdown, whose exit status the pool checks
+                # The final collection would walk every object torch made (seconds on a busy machine); frozen,
+                # the operating system frees them. Exit handlers and module teardown still run.
+                gc.freeze()
                 return
             fresh.restore()
             outcome = _run_task(rank, world, store, task)
