@@ -3,9 +3,11 @@ docs/*.md runs, and every file the documentation names exists.
 
 Each documented command runs from a fresh folder of its own, as written, plus (for train.py) its dry run
 (validate, build model and data, one batch forward, summary, exit 0: nothing trains) and one thread per process.
-The commands run one after another in one long-lived Python process (tests/docs_worker.py: the script as
-`__main__`, so Hydra's command line, composition, sweeps and error report are the real ones, with the process
-state put back after each), which saves each command the interpreter's, torch's and Hydra's start-up. What a
+The commands run one after another, each in a process forked from one long-lived Python process that has
+loaded torch and Hydra but none of the project (tests/docs_worker.py: the script as `__main__`, so Hydra's
+command line, composition, sweeps and error report are the real ones, and the process ends through the
+interpreter's shutdown), which saves each command the interpreter's, torch's and Hydra's start-up. A command
+that hangs, is killed or leaves processes running fails whatever it printed (tests/docs_runner.py). What a
 test cannot have is handled as a user would meet it:
 - checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
   (a segmentation run's for the segmentation page and paths naming `segment`, a detection run's for the
@@ -73,7 +75,8 @@ def weight_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory, weight_cache: Path) -> Iterator[DocsRunner]:
-    """Runs the commands in one long-lived process (tests/docs_worker.py): one start-up, not one per command."""
+    """Runs the commands in processes forked from one that started once (tests/docs_worker.py); the worker must
+    exit cleanly at the end (else the last command fails)."""
     docs_runner = DocsRunner(_env(weight_cache), tmp_path_factory.mktemp("doc_runner_logs"))
     yield docs_runner
     docs_runner.close()
