@@ -1,4 +1,4 @@
-"""DataConfig: every conf/data file is a valid DataConfig; bad values name the key."""
+"""DataConfig: every registered dataset has its conf/data file, a valid DataConfig; bad values name the key."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,13 +6,21 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from src.data import build_datasets
+from src.data import DATASETS, build_datasets
 from src.data.config import DataConfig, coerce
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in CONF.glob("*.yaml")))
+def test_every_registered_dataset_has_a_config_file_and_every_file_a_dataset() -> None:
+    """`data=NAME` is how a dataset is chosen: a registered one without conf/data/NAME.yaml cannot be, and a file
+    without a registered builder fails only when used."""
+    files = {p.stem for p in CONF.glob("*.yaml")}
+    assert not set(DATASETS.names()) - files, f"registered without a file in {CONF}"
+    assert not files - set(DATASETS.names()), "files of datasets that are not registered"
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS.names()))
 def test_each_yaml_is_a_valid_structured_config(name: str) -> None:
     node = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(CONF / f"{name}.yaml"))
     cfg = OmegaConf.to_object(node)

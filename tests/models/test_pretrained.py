@@ -132,9 +132,22 @@ def test_timm_pretrained_from_the_hugging_face_cache(caches: tuple[Path, Path], 
 
 
 def test_weights_files_false_loads_nothing(caches: tuple[Path, Path], no_network: None) -> None:
-    """evaluate / predict / resume build with weights_files=False: a missing cache is no error there."""
-    build_model({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, BN, 6, weights_files=False)
-    build_model({"name": "torchvision", "arch": "resnet18", "weights": "DEFAULT"}, BN, 6, weights_files=False)
+    """evaluate / predict / resume build with weights_files=False (the checkpoint brings the weights): no file is
+    read, even where one is in the cache, and a missing one is no error."""
+    pretrained = [({"name": "timm", "arch": TIMM_ARCH, "pretrained": True}, "pretrained"),
+                  ({"name": "torchvision", "arch": "resnet18", "weights": "DEFAULT"}, "weights")]
+    for cfg, key in pretrained:  # nothing in the caches
+        build_model(cfg, BN, 6, weights_files=False)
+    files = [_timm_file(caches[1]), _torchvision_file(caches[0], "resnet18")]
+    for (cfg, key), state in zip(pretrained, files):
+        torch.manual_seed(0)
+        model = build_model(cfg, BN, 6, weights_files=False).state_dict()
+        torch.manual_seed(0)
+        scratch = build_model({k: v for k, v in cfg.items() if k != key}, BN, 6).state_dict()
+        assert model.keys() == scratch.keys() and all(torch.equal(model[k], scratch[k]) for k in model), cfg
+        backbone = [k for k in state if k in model and state[k].is_floating_point()
+                    and state[k].shape == model[k].shape]
+        assert backbone and not any(torch.equal(model[k], state[k]) for k in backbone), f"{cfg}: a file was loaded"
 
 
 def test_missing_file_offline_names_the_exact_cache_path(caches: tuple[Path, Path], no_network: None,
