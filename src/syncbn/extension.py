@@ -11,10 +11,11 @@ Design choices (why this is hand-written rather than a bare `torch.utils.cpp_ext
   link flags, the CUDA arch list, this file (the build code), the compiler and the linker it runs and,
   for CUDA, the toolkit's nvcc (each by resolved path and `--version`), PyTorch and Python. The CPU-only
   and the CUDA variant can therefore never collide, any change that could change the library (an edited
-  source, an upgraded compiler, another toolkit) gets a fresh build, and the ahead-of-time build (`python -m src.syncbn.build`) produces exactly the
-  directory this loader looks for. A finished build deletes the older builds of its own variant (the
-  name up to the hash) only: ranks of one node that build for different GPU architectures or CPU
-  capabilities keep each other's builds, and a build some process is importing is never deleted.
+  source, an upgraded compiler, another toolkit) gets a fresh build, and the ahead-of-time build
+  (`python -m src.syncbn.build`) produces exactly the directory this loader looks for. A finished build
+  deletes the older builds of its own variant (the name up to the hash) only: ranks of one node that build
+  for different GPU architectures or CPU capabilities keep each other's builds, and a build some process is
+  importing is never deleted.
 - CUDA only with a toolkit. With GPUs visible, the CUDA variant is chosen when it is already built or
   a usable nvcc matching torch.version.cuda is found (src/syncbn/toolkit.py); otherwise the CPU-only
   variant is, so CPU tensors still work, and `cuda_kernels_problem()` says why CUDA tensors cannot
@@ -195,7 +196,11 @@ def _digest(sources: list[Path], headers: list[Path], flags: list[list[str]], ex
 def build_toolchain(cxx: str | None = None, cuda_home: str | None = None) -> tuple[str, ...]:
     """What compiles and links the extension, as text: the C++ compiler (`cxx`, default $CXX or c++) and the
     linker it runs, each as resolved path and `--version`; nvcc under `cuda_home` likewise; PyTorch (version,
-    commit, CUDA version, install folder) and Python (version, extension-module suffix, headers folder)."""
+    commit, CUDA version, install folder) and Python (version, extension-module suffix, headers folder).
+
+    The compiler is found on PATH, also when only loading: a process that cannot find the compiler a library
+    was built with does not use that library (it would build its own, and say that a compiler is missing).
+    """
     cxx = cxx or os.environ.get("CXX", "c++")
     parts = [*_tool_identity(cxx), *_tool_identity(_linker_of(cxx))]
     if cuda_home:

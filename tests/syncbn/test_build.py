@@ -43,16 +43,21 @@ def built_extension():
     return extension.load_extension()
 
 
-def test_aot_entry_point_and_jit_loader_reuse_the_build(built_extension):
+def test_aot_entry_point_and_jit_loader_reuse_the_build(built_extension, tmp_path: Path):
     aot = subprocess.run([sys.executable, "-m", "src.syncbn.build"], cwd=REPO, capture_output=True,
                          text=True, timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert aot.returncode == 0, aot.stderr
     spec = extension.make_spec()
     assert f"up to date: {spec.build_dir}" in aot.stdout, aot.stdout
-    # A fresh process loads the same library without compiling (and without ninja on PATH).
+    # A fresh process loads the same library without compiling (and without ninja on PATH). The compiler and
+    # its linker stay findable: their identities are part of the library's cache key.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("c++", "ld"):
+        (tools / name).symlink_to(shutil.which(name))
     code = ("import json; from src.syncbn.extension import load_extension, last_build_info;"
             "m = load_extension(); print(json.dumps(last_build_info())); print(m.__file__)")
-    out = run_python(code, env={"PATH": os.path.dirname(sys.executable) + "/../nonexistent"})
+    out = run_python(code, env={"PATH": str(tools)})
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout.splitlines()[0])
     assert info["compiled"] is False and info["name"] == spec.name

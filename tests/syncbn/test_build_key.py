@@ -40,7 +40,8 @@ class _Tools:
         monkeypatch.setenv("CUDA_HOME", str(self.cuda[0]))
 
     def compiler(self, version: str, linker: Path, name: str = "cxx") -> Path:
-        return _script(self.root / name, f'case "$1" in -print-prog-name=ld) echo {linker};; *) echo "{version}";; esac\n')
+        answers = f'case "$1" in -print-prog-name=ld) echo {linker};; *) echo "{version}";; esac\n'
+        return _script(self.root / name, answers)
 
     def toolkit(self, root: Path, release: str) -> Path:
         (root / "include").mkdir(parents=True, exist_ok=True)
