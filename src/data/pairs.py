@@ -20,7 +20,8 @@ from src.data.transforms import to_image, to_mask
 class TensorPairs(Dataset):
     """images[i] read as RGB and masks[i] as class indices, optionally mapped through a lookup table."""
 
-    def __init__(self, images: Sequence[str | Path], masks: Sequence[str | Path], lut: torch.Tensor | None = None) -> None:
+    def __init__(self, images: Sequence[str | Path], masks: Sequence[str | Path],
+                 lut: torch.Tensor | None = None) -> None:
         if len(images) != len(masks):
             raise ValueError(f"{len(images)} images but {len(masks)} label maps")
         self.images, self.masks = list(images), list(masks)

@@ -94,7 +94,8 @@ def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_an_image_that_cannot_be_decoded_names_its_file_split_and_sample(tmp_path: Path, num_workers: int) -> None:
+def test_an_image_that_cannot_be_decoded_names_its_file_split_and_sample(tmp_path: Path,
+                                                                         num_workers: int) -> None:
     write_tree(tmp_path)
     bad_val = truncate(tmp_path / "val" / "images" / "d.png")  # its header is intact: the build's check passes
     bad_train = truncate(tmp_path / "train" / "images" / "c.png")  # pairs sorted by path: a, c, street/b
