@@ -99,8 +99,9 @@ def _broken(ops, how: str):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (pretend)")
 
     return SimpleNamespace(batch_norm_stats=ops.batch_norm_stats, batch_norm_gather_stats=ops.batch_norm_gather_stats,
-                           batch_norm_shift_stats=ops.batch_norm_shift_stats,
-                           batch_norm_unshift_stats=ops.batch_norm_unshift_stats,
+                           batch_norm_mean_sums=ops.batch_norm_mean_sums,
+                           batch_norm_deviation_sums=ops.batch_norm_deviation_sums,
+                           batch_norm_reduced_stats=ops.batch_norm_reduced_stats,
                            batch_norm_elemt=elemt if how == "raises" else ops.batch_norm_elemt,
                            batch_norm_backward_reduce=backward_reduce if how == "wrong"
                            else ops.batch_norm_backward_reduce,
