@@ -243,3 +243,10 @@ def test_the_layer_keeps_no_tensor_state_beyond_batchnorms() -> None:
     assert layer.state_dict().keys() == reference.state_dict().keys()
     held = {name for name, value in vars(layer).items() if isinstance(value, torch.Tensor)}
     assert held == {name for name, value in vars(reference).items() if isinstance(value, torch.Tensor)} == set()
+
+
+def test_an_unknown_exchange_is_refused() -> None:
+    layer = SyncBatchNorm2d(3)
+    layer.exchange = "broadcast"
+    with pytest.raises(ValueError, match=r"exchange='broadcast': expected one of \('all_reduce', 'all_gather'\)"):
+        layer(torch.randn(4, 3, 2, 2))
