@@ -84,6 +84,52 @@ inline acc_t hsum(const at::vec::Vectorized<acc_t>& v) {
   return at::vec::vec_reduce_all<acc_t>([](V& a, V& b) { return a + b; }, v);
 }
 
+// Both halves of a float32 vector as float64 vectors. Squared deviations are summed in float64: a float32 running sum drops the low bits of each square, and for a
+// sample quantised to float32's grid near a large mean (|mean| / std of 1e3 to 1e5, any float32 data) those bits
+// are biased (squares of integers are 0 or 1 mod 4), so the error grows with the number of terms instead of
+// averaging out: 1e-6 of the variance over a few hundred terms, 30x PyTorch's float64-accumulated var_mean.
+using DVec = at::vec::Vectorized<double>;
+
+inline void widen(const at::vec::Vectorized<float>& v, DVec& lo, DVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 x = v;
+  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+  hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256 x = v;
+  lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+#else
+  static_assert(at::vec::Vectorized<float>::size() == 2 * DVec::size(), "a float vector is two double vectors");
+  __at_align__ float f[at::vec::Vectorized<float>::size()];
+  v.store(f);
+  __at_align__ double d[at::vec::Vectorized<float>::size()];
+  for (int64_t i = 0; i < at::vec::Vectorized<float>::size(); ++i) d[i] = f[i];
+  lo = DVec::loadu(d);
+  hi = DVec::loadu(d + DVec::size());
+#endif
+}
+
+// q += v * v elementwise, in float64: into two accumulators (a float32 vector's two halves; a float64 vector
+// uses q_lo only), or into the doubles at q (as many as v has lanes).
+inline void add_squares(const at::vec::Vectorized<float>& v, DVec& q_lo, DVec& q_hi) {
+  DVec lo, hi;
+  widen(v, lo, hi);
+  q_lo = at::vec::fmadd(lo, lo, q_lo);
+  q_hi = at::vec::fmadd(hi, hi, q_hi);
+}
+
+inline void add_squares(const DVec& v, DVec& q_lo, DVec& /*q_hi*/) { q_lo = at::vec::fmadd(v, v, q_lo); }
+
+inline void add_squares_to(const at::vec::Vectorized<float>& v, double* q) {
+  DVec lo, hi;
+  widen(v, lo, hi);
+  at::vec::fmadd(lo, lo, DVec::loadu(q)).store(q);
+  at::vec::fmadd(hi, hi, DVec::loadu(q + DVec::size())).store(q + DVec::size());
+}
+
+inline void add_squares_to(const DVec& v, double* q) { at::vec::fmadd(v, v, DVec::loadu(q)).store(q); }
+
 // Count, mean and sum of squared deviations of one channel; merged with Chan et al.'s pairwise
 // formula (stable for |mean| >> std, unlike sum/sum-of-squares). Kept in double: merges happen
 // once per tile, so the cost is negligible and fp32 inputs lose nothing across tiles.
@@ -132,7 +178,7 @@ inline typename VecIO<scalar_t>::acc_t contiguous_sum(const scalar_t* p, int64_t
 }
 
 // Pass 2 over the same values: sum(d) and sum(d^2), d = x - mean0, for the corrected two-pass formula
-// M2 = sum(d^2) - sum(d)^2/len (exact even when mean0 is off by rounding).
+// M2 = sum(d^2) - sum(d)^2/len (exact even when mean0 is off by rounding); sum(d^2) in float64 (see widen).
 template <typename scalar_t>
 inline void centered_sums(const scalar_t* p, int64_t len, typename VecIO<scalar_t>::acc_t mean0, double& sd,
                           double& sq) {
@@ -141,14 +187,15 @@ inline void centered_sums(const scalar_t* p, int64_t len, typename VecIO<scalar_
   using AVec = typename IO::AVec;
   const int64_t vec_end = len - len % IO::kStep;
   const AVec vm(mean0);
-  AVec d0(0), d1(0), q0(0), q1(0), a, b;
+  AVec d0(0), d1(0), a, b;
+  DVec q0(0.0), q1(0.0), q2(0.0), q3(0.0);
   const auto add = [&]() {
     a -= vm;
     b -= vm;
     d0 += a;
     d1 += b;
-    q0 = at::vec::fmadd(a, a, q0);
-    q1 = at::vec::fmadd(b, b, q1);
+    add_squares(a, q0, q1);
+    add_squares(b, q2, q3);
   };
   for (int64_t i = 0; i < vec_end; i += IO::kStep) {
     IO::load(p + i, a, b);
@@ -159,7 +206,7 @@ inline void centered_sums(const scalar_t* p, int64_t len, typename VecIO<scalar_
     add();
   }
   sd = static_cast<double>(hsum<acc_t>(d0 + d1));
-  sq = static_cast<double>(hsum<acc_t>(q0 + q1));
+  sq = hsum<double>((q0 + q1) + (q2 + q3));
 }
 
 // Mean and M2 of `len` contiguous values in two passes over data that is already in L1/L2 (the

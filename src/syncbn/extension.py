@@ -231,8 +231,9 @@ def make_emulated_spec(fault: bool = False) -> BuildSpec:
     sources = [*sorted((CSRC / "simt").glob("*.cpp")), *sorted((CSRC / "simt").glob("*.cu")),
                *sorted((CSRC / "cuda").glob("*.cu"))]
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
-    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
-    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
+    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on. -ffp-contract=off: every
+    # a * b + c rounds twice, as the kernels' __fmul_rn / __fmaf_rn spell it out where it matters (reduce.cuh).
+    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas", "-ffp-contract=off"]
     if fault:
         cflags.append("-DSYNCTRAIN_SELFCHECK_FAULT")
     # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its
