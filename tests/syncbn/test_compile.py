@@ -84,8 +84,13 @@ class Net(nn.Module):
 
 
 def _graph_recorder(graphs: dict[str, list[str]]) -> Any:
-    """aot_eager that also keeps the forward and backward graphs' code, to count their collectives."""
-    from functorch.compile import make_boxed_func
+    """aot_eager that also keeps the forward and backward graphs' code, to count their collectives.
+
+    With Inductor's partitioner (min-cut): aot_eager's default one copies into the backward graph every node it can
+    recompute from saved tensors and keeps those it may not drop, so there the backward re-runs each layer's
+    statistics chain up to its first all_reduce (which Dynamo treats as a side effect) and discards the result.
+    """
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     def keep(kind: str):
@@ -94,7 +99,8 @@ def _graph_recorder(graphs: dict[str, list[str]]) -> Any:
             return make_boxed_func(gm.forward)
         return compiler
 
-    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                        partition_fn=min_cut_rematerialization_partition)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, g: torch.Tensor) -> dict:
@@ -206,17 +212,23 @@ def test_fullgraph_without_breaks_or_recompiles(results: list[dict], phase: str)
             f"{phase} rank {rank}: {res[phase]['unique_graphs']} graphs for {len(res[phase]['steps'])} steps"
 
 
+def _checks_expected(phase: str, rank: int) -> int:
+    """One-value checks a rank's forward graph holds: one per layer where its batch is empty (it holds at most one
+    value per channel, so it reads the global count), none where it holds more."""
+    return SYNCBN_LAYERS if PHASES[phase][1][0][rank] == 0 else 0
+
+
 @pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "aot_eager"])
-def test_graphs_hold_one_collective_per_layer_each_way(results: list[dict], phase: str) -> None:
+def test_graphs_hold_two_collectives_per_layer_forward_one_backward(results: list[dict], phase: str) -> None:
     for rank, res in enumerate(results):
         graphs = res[phase]["graphs"]
         assert graphs["forward"] and len(graphs["forward"]) == len(graphs["backward"])
         for fw, bw in zip(graphs["forward"], graphs["backward"]):
             assert (_count(fw, GATHER), _count(fw, REDUCE)) == (0, 2 * SYNCBN_LAYERS), f"{phase} rank {rank} forward"
             assert (_count(bw, GATHER), _count(bw, REDUCE)) == (0, SYNCBN_LAYERS), f"{phase} rank {rank} backward"
-            # No host read: every rank holds more than one value per channel, so not even the one-value check.
-            for code in (fw, bw):
-                assert (_count(code, CHECK), _count(code, HOST_READ)) == (0, 0), f"{phase} rank {rank}"
+            # No host read in the graphs, and the one-value check (an operator that reads inside) only on an empty rank.
+            assert (_count(fw, CHECK), _count(bw, CHECK)) == (_checks_expected(phase, rank), 0), f"{phase} rank {rank}"
+            assert (_count(fw, HOST_READ), _count(bw, HOST_READ)) == (0, 0), f"{phase} rank {rank}"
 
 
 @pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "inductor"])
@@ -224,7 +236,7 @@ def test_inductor_code_keeps_every_collective(results: list[dict], phase: str) -
     for rank, res in enumerate(results):
         code = "\n".join(res[phase]["graphs"]["inductor"])
         counts = (_count(code, GATHER, True), _count(code, REDUCE, True), _count(code, CHECK, True))
-        assert counts == (0, 3 * SYNCBN_LAYERS, 0), f"{phase} rank {rank}"
+        assert counts == (0, 3 * SYNCBN_LAYERS, _checks_expected(phase, rank)), f"{phase} rank {rank}"
 
 
 def test_one_value_in_the_whole_group_raises_on_every_rank(results: list[dict]) -> None:
