@@ -16,11 +16,11 @@ using namespace detail;
 
 // Values per two-pass tile in the planes layout: 32 KiB of fp32, so the second pass hits L1/L2.
 constexpr int64_t kPlaneTile = 8192;
-// Rows per tile in the rows layout: each channel's pass-1 and pass-2 sums run in the accumulation type over one
-// tile, so a tile holds at most 64 rows (a float32 sum of n terms is off by ~sqrt(n) units of its last place: over
-// the 4096 rows tiles once held that was 4e-6 of the variance, 100x PyTorch's float64-accumulated var_mean);
-// fewer when C is large, so that a tile (rows * C <= 64Ki values, 256 KiB of fp32) stays in L2 for pass 2. The
-// tiles merge in float64, with one merge weight for all channels (every channel of a tile has len values).
+// Rows per tile in the rows layout: at most 64, fewer when C is large, so that a tile (rows * C <= 64Ki values,
+// 256 KiB of fp32) stays in L2 for pass 2. Pass 1's float32 sum over a tile is the centre of pass 2, whose
+// corrected two-pass formula absorbs a centre off by rounding as long as it stays within a few std of the tile's
+// mean: a float32 sum of 64 values at |mean| = 1e6 std is off by well under one std per value, of 4096 by tens.
+// The tiles merge in float64, with one merge weight for all channels (every channel of a tile has len values).
 constexpr int64_t kRowTileValues = 65536;
 constexpr int64_t kMaxTileRows = 64;
 constexpr int64_t kMinTileRows = 16;
@@ -97,8 +97,9 @@ void stats_planes(const scalar_t* x, const InputLayout& lay, std::vector<Moments
     for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
 }
 
-// Two-pass moments of a tile of `len` rows of C channels (sums of squares in float64, see vec_io.h's widen),
-// merged into `m`.
+// Two-pass moments of a tile of `len` rows of C channels, merged into `m`. Both passes walk the rows in blocks of
+// kSquareRun, keeping each channel vector's sums in registers across a block; sums of squares reach float64
+// once per block (vec_io.h).
 template <typename scalar_t>
 void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
                          std::vector<acc_type<scalar_t>>& mean0, std::vector<acc_type<scalar_t>>& sd,
@@ -112,36 +113,50 @@ void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
   std::fill(sd.begin(), sd.end(), acc_t(0));
   std::fill(sq.begin(), sq.end(), 0.0);
   acc_t* s = mean0.data();
-  for (int64_t r = 0; r < len; ++r) {
-    const scalar_t* row = p + r * C;
-    AVec a, b;
+  acc_t* d = sd.data();
+  double* q = sq.data();
+  for (int64_t r0 = 0; r0 < len; r0 += kSquareRun) {
+    const int64_t r1 = std::min(len, r0 + kSquareRun);
     for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-      IO::load(row + c, a, b);
-      (AVec::loadu(s + c) + a).store(s + c);
-      (AVec::loadu(s + c + W) + b).store(s + c + W);
+      AVec ta = AVec::loadu(s + c), tb = AVec::loadu(s + c + W), a, b;
+      for (int64_t r = r0; r < r1; ++r) {
+        IO::load(p + r * C + c, a, b);
+        ta += a;
+        tb += b;
+      }
+      ta.store(s + c);
+      tb.store(s + c + W);
     }
-    for (int64_t c = vec_c; c < C; ++c) s[c] += static_cast<acc_t>(row[c]);
+    for (int64_t c = vec_c; c < C; ++c)
+      for (int64_t r = r0; r < r1; ++r) s[c] += static_cast<acc_t>(p[r * C + c]);
   }
   const acc_t inv_len = acc_t(1) / static_cast<acc_t>(len);
   for (int64_t c = 0; c < C; ++c) s[c] *= inv_len;
-  acc_t* d = sd.data();
-  double* q = sq.data();
-  for (int64_t r = 0; r < len; ++r) {
-    const scalar_t* row = p + r * C;
-    AVec a, b;
+  for (int64_t r0 = 0; r0 < len; r0 += kSquareRun) {
+    const int64_t r1 = std::min(len, r0 + kSquareRun);
     for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-      IO::load(row + c, a, b);
-      a -= AVec::loadu(s + c);
-      b -= AVec::loadu(s + c + W);
-      (AVec::loadu(d + c) + a).store(d + c);
-      (AVec::loadu(d + c + W) + b).store(d + c + W);
-      add_squares_to(a, q + c);
-      add_squares_to(b, q + c + W);
+      const AVec ma = AVec::loadu(s + c), mb = AVec::loadu(s + c + W);
+      AVec da(0), db(0), qa(0), qb(0), a, b;
+      for (int64_t r = r0; r < r1; ++r) {
+        IO::load(p + r * C + c, a, b);
+        a -= ma;
+        b -= mb;
+        da += a;
+        db += b;
+        qa = at::vec::fmadd(a, a, qa);
+        qb = at::vec::fmadd(b, b, qb);
+      }
+      (AVec::loadu(d + c) + da).store(d + c);
+      (AVec::loadu(d + c + W) + db).store(d + c + W);
+      add_widened_to(qa, q + c);
+      add_widened_to(qb, q + c + W);
     }
     for (int64_t c = vec_c; c < C; ++c) {
-      const acc_t v = static_cast<acc_t>(row[c]) - s[c];
-      d[c] += v;
-      q[c] += static_cast<double>(v) * static_cast<double>(v);
+      for (int64_t r = r0; r < r1; ++r) {
+        const acc_t v = static_cast<acc_t>(p[r * C + c]) - s[c];
+        d[c] += v;
+        q[c] += static_cast<double>(v) * static_cast<double>(v);
+      }
     }
   }
   // Chan's merge with the tile (corrected two-pass: M2 = sum(d^2) - sum(d)^2 / len, exact even when mean0 is off
