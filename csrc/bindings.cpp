@@ -1,15 +1,15 @@
-// The seven SyncBN kernels (csrc/syncbn.h) as PyTorch operators and as Python functions. Each op
+// The eight SyncBN kernels (csrc/syncbn.h) as PyTorch operators and as Python functions. Each op
 // dispatches on the input's device here, so the Python side (src/syncbn/functions.py) never branches
 // on it.
 //
-// Operators: TORCH_LIBRARY registers the seven ops under the namespace TORCH_EXTENSION_NAME (the
+// Operators: TORCH_LIBRARY registers the eight ops under the namespace TORCH_EXTENSION_NAME (the
 // variant's cache name, e.g. syncbn_cpu_avx512_<hash>), with schemas that declare the in-place update
 // of the running statistics, for the CPU and CUDA dispatch keys. torch.compile traces them through
 // the fake (meta) implementations in src/syncbn/fake_kernels.py; eager calls reach these C++
 // functions through the dispatcher. A per-variant namespace lets two variants (or an emulation
 // build of the same sources) live in one process without a duplicate-registration error.
 //
-// Python functions: the same five, bound directly (the module's attributes), for kernel tests and
+// Python functions: the same eight, bound directly (the module's attributes), for kernel tests and
 // benchmarks that call the kernels without the dispatcher.
 #include "syncbn.h"
 #ifdef SYNCBN_WITH_CUDA
@@ -50,13 +50,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
                   num_batches_tracked, momentum, eps, acc_double);
 }
 
-at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift) {
-  SYNCBN_DISPATCH(batch_norm_shift_stats, stats.is_cuda(), stats, shift);
+at::Tensor batch_norm_mean_sums(const at::Tensor& stats) {
+  SYNCBN_DISPATCH(batch_norm_mean_sums, stats.is_cuda(), stats);
 }
 
-std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums, const at::Tensor& shift,
-                                                            double max_ratio) {
-  SYNCBN_DISPATCH(batch_norm_unshift_stats, sums.is_cuda(), sums, shift, max_ratio);
+at::Tensor batch_norm_deviation_sums(const at::Tensor& stats, const at::Tensor& mean_sums) {
+  SYNCBN_DISPATCH(batch_norm_deviation_sums, stats.is_cuda(), stats, mean_sums);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_reduced_stats(
+    const at::Tensor& mean_sums, const at::Tensor& m2, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    double momentum, double eps, bool acc_double) {
+  SYNCBN_DISPATCH(batch_norm_reduced_stats, mean_sums.is_cuda(), mean_sums, m2, running_mean, running_var,
+                  num_batches_tracked, momentum, eps, acc_double);
 }
 
 at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -90,8 +97,11 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_gather_stats(Tensor gathered, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
         "Tensor? num_batches_tracked, float momentum, float eps, bool acc_double) -> (Tensor, Tensor, Tensor)",
         tags);
-  m.def("batch_norm_shift_stats(Tensor stats, Tensor shift) -> Tensor", tags);
-  m.def("batch_norm_unshift_stats(Tensor sums, Tensor shift, float max_ratio) -> (Tensor, Tensor)", tags);
+  m.def("batch_norm_mean_sums(Tensor stats) -> Tensor", tags);
+  m.def("batch_norm_deviation_sums(Tensor stats, Tensor mean_sums) -> Tensor", tags);
+  m.def("batch_norm_reduced_stats(Tensor mean_sums, Tensor m2, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+        "Tensor? num_batches_tracked, float momentum, float eps, bool acc_double) -> (Tensor, Tensor, Tensor)",
+        tags);
   m.def("batch_norm_elemt(Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor invstd) -> Tensor",
         tags);
   m.def("batch_norm_backward_reduce(Tensor grad_out, Tensor input, Tensor mean, Tensor invstd) -> Tensor",
@@ -106,8 +116,9 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
 #define SYNCBN_IMPL_ALL(m)                                                  \
   m.impl("batch_norm_stats", &syncbn::batch_norm_stats);                     \
   m.impl("batch_norm_gather_stats", &syncbn::batch_norm_gather_stats);       \
-  m.impl("batch_norm_shift_stats", &syncbn::batch_norm_shift_stats);         \
-  m.impl("batch_norm_unshift_stats", &syncbn::batch_norm_unshift_stats);     \
+  m.impl("batch_norm_mean_sums", &syncbn::batch_norm_mean_sums);             \
+  m.impl("batch_norm_deviation_sums", &syncbn::batch_norm_deviation_sums);   \
+  m.impl("batch_norm_reduced_stats", &syncbn::batch_norm_reduced_stats);     \
   m.impl("batch_norm_elemt", &syncbn::batch_norm_elemt);                     \
   m.impl("batch_norm_backward_reduce", &syncbn::batch_norm_backward_reduce); \
   m.impl("batch_norm_backward_elemt", &syncbn::batch_norm_backward_elemt)
@@ -126,10 +137,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"),
         py::arg("momentum"), py::arg("eps"), py::arg("acc_double"),
         "Merge gathered [count, mean, M2] rows; returns (mean, invstd, count); updates running stats.");
-  m.def("batch_norm_shift_stats", &syncbn::batch_norm_shift_stats, py::arg("stats"), py::arg("shift"),
-        "This rank's [n, mean, M2] as [n, n*(mean-K), M2 + n*(mean-K)^2] for one all_reduce (float64 [2*C+1]).");
-  m.def("batch_norm_unshift_stats", &syncbn::batch_norm_unshift_stats, py::arg("sums"), py::arg("shift"),
-        py::arg("max_ratio"), "All-reduced shifted sums -> ([n, mean, M2] row, per-channel bool: no cancellation).");
+  m.def("batch_norm_mean_sums", &syncbn::batch_norm_mean_sums, py::arg("stats"),
+        "This rank's [n, mean, M2] -> [n, n*mean], the first all_reduce's payload (float64 [C+1]).");
+  m.def("batch_norm_deviation_sums", &syncbn::batch_norm_deviation_sums, py::arg("stats"), py::arg("mean_sums"),
+        "M2 + n*(mean - global mean)^2, the second all_reduce's payload (float64 [C]).");
+  m.def("batch_norm_reduced_stats", &syncbn::batch_norm_reduced_stats, py::arg("mean_sums"), py::arg("m2"),
+        py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("momentum"),
+        py::arg("eps"), py::arg("acc_double"),
+        "All-reduced [n, sum n*mean] and M2 -> (mean, invstd, count); updates running stats.");
   m.def("batch_norm_elemt", &syncbn::batch_norm_elemt, py::arg("input"), py::arg("weight"),
         py::arg("bias"), py::arg("mean"), py::arg("invstd"),
         "y = (x - mean) * invstd * weight + bias.");

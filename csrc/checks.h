@@ -1,4 +1,4 @@
-// Argument checks of the five ops, shared by the CPU (csrc/cpu/) and CUDA (csrc/cuda/) backends, so both
+// Argument checks of the kernel ops, shared by the CPU (csrc/cpu/) and CUDA (csrc/cuda/) backends, so both
 // raise the same error, in the same words, for the same input, and before any early return (an empty
 // batch with a wrong-sized mean is still an error). Each backend checks the input's device itself
 // first; everything else must then be on the input's device.
@@ -73,16 +73,32 @@ inline int64_t gathered_rows(const at::Tensor& gathered, const char* op) {
   return (gathered.size(1) - 1) / 2;
 }
 
-// shift_stats' / unshift_stats' packed vector (float64 [2*C+1]) and shift (float64 [C], same device); returns C.
-inline int64_t shifted_sums(const at::Tensor& packed, const at::Tensor& shift, const char* op, const char* name) {
-  TORCH_CHECK(packed.defined() && packed.scalar_type() == at::kDouble && packed.dim() == 1 && packed.numel() % 2 == 1,
-              op, ": ", name, " must be a float64 1-D tensor of 2*C+1 values, got ",
-              packed.defined() ? c10::toString(packed.scalar_type()) : "undefined", " ",
-              packed.defined() ? packed.sizes() : at::IntArrayRef{});
-  const int64_t C = (packed.numel() - 1) / 2;
-  TORCH_CHECK(shift.defined() && shift.scalar_type() == at::kDouble, op, ": shift must be float64, got ",
-              shift.defined() ? c10::toString(shift.scalar_type()) : "undefined");
-  vector(shift, C, packed.device(), op, "shift", "one per channel");
+// batch_norm_stats' packed row: float64 [2*C+1] = [count, mean(C), M2(C)]; returns C.
+inline int64_t packed_stats(const at::Tensor& stats, const char* op) {
+  TORCH_CHECK(stats.defined() && stats.scalar_type() == at::kDouble && stats.dim() == 1 && stats.numel() % 2 == 1,
+              op, ": stats must be a float64 1-D tensor of 2*C+1 values ([count, mean(C), M2(C)]), got ",
+              stats.defined() ? c10::toString(stats.scalar_type()) : "undefined", " ",
+              stats.defined() ? stats.sizes() : at::IntArrayRef{});
+  return (stats.numel() - 1) / 2;
+}
+
+// The all-reduced batch_norm_mean_sums: float64 [C+1] = [count, sum n*mean(C)] on `device`.
+inline void mean_sums(const at::Tensor& sums, int64_t C, at::Device device, const char* op, const char* other) {
+  TORCH_CHECK(sums.defined() && sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.numel() == C + 1, op,
+              ": mean_sums must be a float64 1-D tensor of C+1 = ", C + 1, " values ([count, sum n*mean(C)]), got ",
+              sums.defined() ? c10::toString(sums.scalar_type()) : "undefined", " ",
+              sums.defined() ? sums.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(sums.device() == device, op, ": mean_sums is on ", sums.device(), " but ", other, " is on ", device);
+}
+
+// reduced_stats' inputs: the all-reduced mean_sums [C+1] and M2 (float64 [C], same device); returns C.
+inline int64_t reduced_m2(const at::Tensor& m2, const at::Tensor& sums, const char* op) {
+  TORCH_CHECK(m2.defined() && m2.scalar_type() == at::kDouble && m2.dim() == 1, op,
+              ": m2 must be a float64 1-D tensor of C values, got ",
+              m2.defined() ? c10::toString(m2.scalar_type()) : "undefined", " ",
+              m2.defined() ? m2.sizes() : at::IntArrayRef{});
+  const int64_t C = m2.numel();
+  mean_sums(sums, C, m2.device(), op, "m2");
   return C;
 }
 

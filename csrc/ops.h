@@ -1,4 +1,4 @@
-// The seven SyncBN kernel ops, declared once for the three places that define them: syncbn:: (the
+// The eight SyncBN kernel ops, declared once for the three places that define them: syncbn:: (the
 // device dispatchers in csrc/bindings.cpp), syncbn::cpu (csrc/cpu/) and syncbn::cuda (csrc/cuda/).
 //
 // Only ATen's core Tensor header is included: <torch/extension.h> (pybind11 and the whole C++
@@ -26,15 +26,15 @@
 //   f = momentum if momentum >= 0, else 1 / num_batches_tracked (cumulative average; the 0-d int64
 //   tensor num_batches_tracked is read on the device and has already been incremented).
 // If count == 0: mean = 0, invstd = 0, running stats untouched.
-// batch_norm_shift_stats: the forward's exchange as sums, so one all_reduce (2*C+1 values, whatever the world size)
-// replaces the all_gather of every rank's row. `stats` is batch_norm_stats' [n, mean, M2]; `shift` (float64 [C]) a
-// per-channel value K that every rank of the group holds identically. Returns float64 [2*C+1] =
-// [n, n*(mean_c - K_c), M2_c + n*(mean_c - K_c)^2]; an empty rank gives exact zeros whatever K holds.
-// batch_norm_unshift_stats: the all-reduced sums [n, S1, S2] back to one row [n, mean, M2] (mean = K + S1/n,
-// M2 = S2 - S1^2/n, clamped at 0), which batch_norm_gather_stats merges like a gathered one, and per channel whether
-// that M2 is free of cancellation: bool [C], exact_c = (S2_c <= max_ratio * M2_c and everything finite). M2 loses
-// about log2(S2/M2) bits to the subtraction, so the caller picks max_ratio from the precision it needs. n == 0:
-// zeros, exact; n < 0 or NaN: not exact.
+// The forward's exchange without gathering rows: two all_reduces (2*C+1 values in all, whatever the world size)
+// whose sums are Chan's merge of the ranks' rows, term for term as batch_norm_gather_stats computes it:
+// batch_norm_mean_sums: the first all_reduce's payload, float64 [C+1] = [n, n*mean_0..C-1] from batch_norm_stats'
+// [n, mean, M2]; an empty rank gives exact zeros.
+// batch_norm_deviation_sums: the second's, float64 [C] = M2_c + n*(mean_c - S_c/N)^2, with [N, S] the
+// all-reduced mean_sums (S/N the global mean); non-negative terms, so their sum cannot cancel. Zeros on an empty
+// rank or group.
+// batch_norm_reduced_stats: (mean, invstd, count) and the running-statistics update, exactly as
+// batch_norm_gather_stats gives them for the one merged row [N, S/N, m2], m2 the all-reduced deviation sums.
 // batch_norm_elemt: y = (x - mean) * invstd * weight + bias; weight/bias optional (affine=False) and may have a dtype
 // other than input (e.g. fp32 parameters with bf16 activations). One read of x, one write of y.
 // batch_norm_backward_reduce: local reductions for the backward in one read of x and dy (dy has input's layout), packed for a
@@ -49,9 +49,13 @@
       const std::optional<at::Tensor>& running_var,                                                      \
       const std::optional<at::Tensor>& num_batches_tracked, double momentum, double eps,                 \
       bool acc_double);                                                                                  \
-  at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift);                   \
-  std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums,                    \
-                                                              const at::Tensor& shift, double max_ratio); \
+  at::Tensor batch_norm_mean_sums(const at::Tensor& stats);                                              \
+  at::Tensor batch_norm_deviation_sums(const at::Tensor& stats, const at::Tensor& mean_sums);            \
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_reduced_stats(                               \
+      const at::Tensor& mean_sums, const at::Tensor& m2, const std::optional<at::Tensor>& running_mean,  \
+      const std::optional<at::Tensor>& running_var,                                                      \
+      const std::optional<at::Tensor>& num_batches_tracked, double momentum, double eps,                 \
+      bool acc_double);                                                                                  \
   at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,          \
                               const std::optional<at::Tensor>& bias, const at::Tensor& mean,             \
                               const at::Tensor& invstd);                                                 \

@@ -1,16 +1,19 @@
-"""SyncBN's per-step communication as W grows: the forward all_gather against one forward all_reduce per layer.
+"""SyncBN's per-step communication as W grows: three ways to exchange the forward's statistics of every layer.
 
     python scripts/bench_sync_scale.py [--worlds 2 4 8 16 32] [--models resnet50 deeplabv3_resnet50]
                                        [--rounds 3] [--steps 1] [--quick] [--project-only] [--out FILE]
 
 The layer shapes are those of the real torchvision models (built with weights=None): the channel count C
 of every BatchNorm2d, in forward order (forward hooks on one 64 px image). Per training step and layer,
-the two designs exchange:
-  gather      forward: one all_gather_into_tensor of the packed float64 [n, mean(C), M2(C)] (2C+1 values),
-              src.syncbn.collectives.all_gather_stats (the exchange SyncBN falls back to); backward: one
-              all_reduce of 2C float32
-  all_reduce  forward: one all_reduce of 2C+1 float64 shifted sums, src.syncbn.collectives.all_reduce_stats
-              (SyncBN's exchange); the same backward all_reduce
+the designs exchange:
+  gather       forward: one all_gather_into_tensor of the packed float64 [n, mean(C), M2(C)] (2C+1 values),
+               src.syncbn.collectives.all_gather_stats (SyncBN's exchange="all_gather"); backward: one
+               all_reduce of 2C float32
+  shifted      forward: one all_reduce of 2C+1 float64 sums shifted by a per-rank K, the exchange SyncBN had
+               before its two sums (its guard then read the result on the host: one device wait per layer,
+               which this collective-only measurement does not see); the same backward all_reduce
+  two_reduces  forward: an all_reduce of [n, n*mean] (C+1 float64), then one of the deviation sums (C
+               float64), the second waiting for the first: SyncBN's exchange (no host read); the same backward
 
 Measured (`--worlds`, one torchrun launch of W gloo ranks on loopback per W, one torch thread per rank,
 no model compute: only the collectives of a step, issued with src.syncbn.collectives' functions on
@@ -57,7 +60,7 @@ if str(REPO) not in sys.path:
 from scripts.bench_sync_cost import _slowest  # noqa: E402  (per step, the slowest rank's time)
 
 MODELS = ("resnet50", "deeplabv3_resnet50")
-DESIGNS = ("gather", "all_reduce")
+DESIGNS = ("gather", "shifted", "two_reduces")
 STATS_BYTES, GRAD_BYTES = 8, 4  # forward statistics in float64; backward sums in float32 (a float32 model's acc type)
 PROJECT_WORLDS = (8, 16, 32, 64, 128, 256, 512, 1024)
 LAUNCH_TIMEOUT_S = 900  # one W: far above what W = 32 takes on 2 cores; a stuck rank fails the run instead
@@ -104,10 +107,20 @@ def ring_bytes(kind: str, payload: int, world: int) -> float:
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def forward_collectives(c: int, design: str) -> list[tuple[str, int]]:
+    """(kind, bytes per rank) of the collectives one layer of C channels issues in the forward, in order."""
+    if design == "gather":
+        return [("all_gather", (2 * c + 1) * STATS_BYTES)]
+    if design == "shifted":
+        return [("all_reduce", (2 * c + 1) * STATS_BYTES)]
+    if design == "two_reduces":
+        return [("all_reduce", (c + 1) * STATS_BYTES), ("all_reduce", c * STATS_BYTES)]
+    raise ValueError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
+
+
 def step_collectives(channels: list[int], design: str) -> list[tuple[str, int]]:
     """(kind, bytes per rank) of every collective one training step issues, forward then backward."""
-    fwd_kind = "all_gather" if design == "gather" else "all_reduce"
-    forward = [(fwd_kind, (2 * c + 1) * STATS_BYTES) for c in channels]
+    forward = [call for c in channels for call in forward_collectives(c, design)]
     backward = [("all_reduce", 2 * c * GRAD_BYTES) for c in reversed(channels)]
     return forward + backward
 
@@ -189,12 +202,12 @@ def nccl_time_us(kind: str, nbytes: float, world: int, fabric: Fabric = Fabric()
 
 
 def project(channels: list[int], world: int, fabric: Fabric = Fabric()) -> dict[str, Any]:
-    """Modelled NCCL time (us) of one step's SyncBN collectives for both designs, and what NCCL picks."""
+    """Modelled NCCL time (us) of one step's SyncBN collectives for every design, and what NCCL picks."""
     out: dict[str, Any] = {"world": world, "nodes": math.ceil(world / fabric.gpus_per_node)}
     for design in DESIGNS:
         calls = step_collectives(channels, design)
         times = [nccl_time_us(kind, size, world, fabric) for kind, size in calls]
-        n = len(channels)
+        n = len(calls) - len(channels)  # the forward's collectives come first
         out[design] = {"forward_us": sum(t for t, _ in times[:n]), "backward_us": sum(t for t, _ in times[n:]),
                        "step_us": sum(t for t, _ in times), "forward_algo": sorted({a for _, a in times[:n]}),
                        "bytes_per_rank": modelled_step_bytes(channels, design, world)}
@@ -229,15 +242,17 @@ def measure(rank: int, world: int, layers: dict[str, list[int]], rounds: int, st
     name = dist.group.WORLD.group_name
     results: dict[str, Any] = {}
     for model, channels in layers.items():
-        stats = [torch.ones(2 * c + 1, dtype=torch.float64) for c in channels]
+        payloads = {design: [[torch.ones(size // STATS_BYTES, dtype=torch.float64)
+                              for _, size in forward_collectives(c, design)] for c in channels] for design in DESIGNS}
         grads = [torch.ones(2 * c, dtype=torch.float32) for c in reversed(channels)]
 
         def forward(design: str) -> None:
-            for t in stats:
-                if design == "gather":
-                    collectives.all_gather_stats(t, name, world)
-                else:
-                    collectives.all_reduce_stats(t, name)
+            for layer in payloads[design]:
+                for t in layer:  # one after the other: two_reduces' second needs the first's result
+                    if design == "gather":
+                        collectives.all_gather_stats(t, name, world)
+                    else:
+                        collectives.all_reduce_stats(t, name)
 
         def backward() -> None:
             for g in grads:
@@ -252,7 +267,7 @@ def measure(rank: int, world: int, layers: dict[str, list[int]], rounds: int, st
         lo: dict[str, int] = {d: 0 for d in DESIGNS}
         calls: dict[str, dict[str, int]] = {d: {"all_gather": 0, "all_reduce": 0} for d in DESIGNS}
         for r in range(rounds):
-            for design in DESIGNS if r % 2 == 0 else DESIGNS[::-1]:  # neither always runs first
+            for design in DESIGNS[r % len(DESIGNS):] + DESIGNS[:r % len(DESIGNS)]:  # the order rotates per round
                 dist.barrier()
                 lo_start = _lo_bytes() if rank == 0 else 0
                 counts = dict(collectives.call_counts)
@@ -276,7 +291,7 @@ def measure(rank: int, world: int, layers: dict[str, list[int]], rounds: int, st
             f, b = _slowest(fwd[design]), _slowest(bwd[design])
             total_sent = torch.tensor([sent[design] / timed], dtype=torch.float64)
             dist.all_reduce(total_sent)  # the mean over ranks: what a rank sends and, on average, receives
-            n = len(channels)
+            n = len(channels)  # per layer: "collective" times below are per layer and direction
             out[design] = {
                 "calls_per_step": {k: v / timed for k, v in calls[design].items()},
                 "sent_bytes_io": total_sent.item() / world,
@@ -331,7 +346,7 @@ def _kb(x: float | None) -> str:
 def measured_table(measured: dict[int, dict[str, Any]]) -> str:
     """One row per (model, W, design)."""
     rows = ["| model | W | design | collectives/step (gather + all_reduce) | KB/rank/step sent: ring model | "
-            "measured: written to sockets | measured: lo / W | ms/step | ms/collective fwd / bwd |",
+            "measured: written to sockets | measured: lo / W | ms/step | ms/layer fwd / bwd |",
             "|---|---|---|---|---|---|---|---|---|"]
     for world, per_model in sorted(measured.items()):
         for model, r in per_model.items():
@@ -346,18 +361,18 @@ def measured_table(measured: dict[int, dict[str, Any]]) -> str:
 
 
 def projection_table(projected: dict[str, list[dict[str, Any]]]) -> str:
-    """One row per (model, W): modelled NCCL time per step of both designs and their ratio."""
-    rows = ["| model | W (nodes) | gather: us/step (fwd + bwd) | fwd algo | all_reduce: us/step (fwd + bwd) | "
-            "fwd algo | gather / all_reduce | MB/rank/step sent: gather / all_reduce |",
-            "|---|---|---|---|---|---|---|---|"]
+    """One row per (model, W): modelled NCCL time per step of each design, and each against two_reduces."""
+    head = " | ".join(f"{d}: us/step (fwd + bwd), fwd algo" for d in DESIGNS)
+    rows = [f"| model | W (nodes) | {head} | gather / two_reduces | shifted / two_reduces | MB/rank/step sent: "
+            f"{' / '.join(DESIGNS)} |", "|---|---|" + "---|" * len(DESIGNS) + "---|---|---|"]
     for model, per_world in projected.items():
         for p in per_world:
-            g, a = p["gather"], p["all_reduce"]
-            rows.append(f"| {model} | {p['world']} ({p['nodes']}) | {g['step_us']:,.0f} ({g['forward_us']:,.0f} + "
-                        f"{g['backward_us']:,.0f}) | {', '.join(g['forward_algo'])} | {a['step_us']:,.0f} "
-                        f"({a['forward_us']:,.0f} + {a['backward_us']:,.0f}) | {', '.join(a['forward_algo'])} | "
-                        f"{g['step_us'] / a['step_us']:.1f}x | {g['bytes_per_rank'] / 1e6:.2f} / "
-                        f"{a['bytes_per_rank'] / 1e6:.2f} |")
+            cells = [f"{p[d]['step_us']:,.0f} ({p[d]['forward_us']:,.0f} + {p[d]['backward_us']:,.0f}), "
+                     f"{', '.join(p[d]['forward_algo'])}" for d in DESIGNS]
+            ratios = [f"{p[d]['step_us'] / p['two_reduces']['step_us']:.2f}x" for d in ("gather", "shifted")]
+            sent = " / ".join(f"{p[d]['bytes_per_rank'] / 1e6:.2f}" for d in DESIGNS)
+            rows.append(f"| {model} | {p['world']} ({p['nodes']}) | {' | '.join(cells)} | {' | '.join(ratios)} | "
+                        f"{sent} |")
     return "\n".join(rows)
 
 

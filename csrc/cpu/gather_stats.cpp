@@ -8,9 +8,34 @@
 
 #include "../checks.h"
 #include "../ops.h"
-#include "layout.h"
+#include "merge.h"
 
 namespace syncbn::cpu {
+
+namespace detail {
+
+std::tuple<at::Tensor, at::Tensor> finish_stats(const at::Tensor& mean, const at::Tensor& m2, double n,
+                                                const std::optional<at::Tensor>& running_mean,
+                                                const std::optional<at::Tensor>& running_var,
+                                                const std::optional<at::Tensor>& num_batches_tracked,
+                                                double momentum, double eps, at::ScalarType acc, const char* op) {
+  const bool has_rm = running_mean.has_value() && running_mean->defined();
+  double f = momentum;
+  if (has_rm && momentum < 0) {
+    const int64_t k = num_batches_tracked->item<int64_t>();
+    TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
+    f = 1.0 / static_cast<double>(k);
+  }
+  at::Tensor invstd = m2.div(n).add(eps).rsqrt().to(acc);
+  if (has_rm) {
+    at::Tensor unbiased = m2.div(n - 1.0);
+    running_mean->mul_(1.0 - f).add_(mean.mul(f).to(running_mean->scalar_type()));
+    running_var->mul_(1.0 - f).add_(unbiased.mul(f).to(running_var->scalar_type()));
+  }
+  return {mean.to(acc), invstd};
+}
+
+}  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
     const at::Tensor& gathered, const std::optional<at::Tensor>& running_mean,
@@ -21,13 +46,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
               ": gathered must be a CPU tensor");
   const int64_t C = checks::gathered_rows(gathered, op);
   checks::running_stats(running_mean, running_var, num_batches_tracked, momentum, C, gathered.device(), op);
-  const bool has_rm = running_mean.has_value() && running_mean->defined();
-  double f = momentum;
-  if (has_rm && momentum < 0) {
-    const int64_t k = num_batches_tracked->item<int64_t>();
-    TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
-    f = 1.0 / static_cast<double>(k);
-  }
   const int64_t W = gathered.size(0);
   const at::Tensor g = gathered.contiguous();
   const double* p = g.const_data_ptr<double>();
@@ -39,10 +57,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
     n += p[r * cols];
   }
   const auto acc = acc_double ? at::kDouble : at::kFloat;
-  at::Tensor mean = at::zeros({C}, g.options().dtype(acc));
-  at::Tensor invstd = at::zeros({C}, g.options().dtype(acc));
   at::Tensor count = at::scalar_tensor(n, g.options());
-  if (n == 0.0) return {mean, invstd, count};  // empty everywhere: running stats untouched
+  if (n == 0.0) {  // empty everywhere: running stats untouched
+    return {at::zeros({C}, g.options().dtype(acc)), at::zeros({C}, g.options().dtype(acc)), count};
+  }
 
   at::Tensor mean_d = at::empty({C}, g.options());
   at::Tensor m2_d = at::empty({C}, g.options());
@@ -61,15 +79,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
     mu[c] = mc;
     m2[c] = q;
   }
-  at::Tensor invstd_d = m2_d.div(n).add(eps).rsqrt();
-  mean.copy_(mean_d);
-  invstd.copy_(invstd_d);
-
-  if (has_rm) {
-    at::Tensor unbiased = m2_d.div(n - 1.0);
-    running_mean->mul_(1.0 - f).add_(mean_d.mul(f).to(running_mean->scalar_type()));
-    running_var->mul_(1.0 - f).add_(unbiased.mul(f).to(running_var->scalar_type()));
-  }
+  auto [mean, invstd] = detail::finish_stats(mean_d, m2_d, n, running_mean, running_var, num_batches_tracked,
+                                             momentum, eps, acc, op);
   return {mean, invstd, count};
 }
 

@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
 
+#include <vector>
+
 #include "../ops.h"
 #include "layout.h"
 #include "vec_io.h"
@@ -14,9 +16,21 @@ using namespace detail;
 
 // Values per two-pass tile in the planes layout: 32 KiB of fp32, so the second pass hits L1/L2.
 constexpr int64_t kPlaneTile = 8192;
-// Target values per tile in the rows layout (rows * C): 256 KiB of fp32 stays in L2 for pass 2,
-// and at least 32 rows amortise the per-channel merge.
+// Rows per tile in the rows layout: at most 64, fewer when C is large, so that a tile (rows * C <= 64Ki values,
+// 256 KiB of fp32) stays in L2 for pass 2. Pass 1's float32 sum over a tile is the centre of pass 2, whose
+// corrected two-pass formula absorbs a centre off by rounding as long as it stays within a few std of the tile's
+// mean: a float32 sum of 64 values at |mean| = 1e6 std is off by well under one std per value, of 4096 by tens.
+// The tiles merge in float64, with one merge weight for all channels (every channel of a tile has len values).
 constexpr int64_t kRowTileValues = 65536;
+constexpr int64_t kMaxTileRows = 64;
+constexpr int64_t kMinTileRows = 16;
+
+// Count, mean and M2 of every channel of the rows seen so far: one count for all channels.
+struct RowMoments {
+  int64_t n = 0;
+  std::vector<double> mean, m2;
+  explicit RowMoments(int64_t C) : mean(C, 0.0), m2(C, 0.0) {}
+};
 
 template <typename scalar_t>
 inline void accumulate_plane(const scalar_t* p, int64_t len, Moments& m) {
@@ -83,11 +97,13 @@ void stats_planes(const scalar_t* x, const InputLayout& lay, std::vector<Moments
     for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
 }
 
-// Two-pass moments of a tile of `len` rows of C channels, merged into `m`.
+// Two-pass moments of a tile of `len` rows of C channels, merged into `m`. Both passes walk the rows in blocks of
+// kSquareRun, keeping each channel vector's sums in registers across a block; sums of squares reach float64
+// once per block (vec_io.h).
 template <typename scalar_t>
 void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
                          std::vector<acc_type<scalar_t>>& mean0, std::vector<acc_type<scalar_t>>& sd,
-                         std::vector<acc_type<scalar_t>>& sq, std::vector<Moments>& m) {
+                         std::vector<double>& sq, RowMoments& m) {
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
@@ -95,57 +111,83 @@ void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C,
   const int64_t vec_c = C - C % IO::kStep;
   std::fill(mean0.begin(), mean0.end(), acc_t(0));
   std::fill(sd.begin(), sd.end(), acc_t(0));
-  std::fill(sq.begin(), sq.end(), acc_t(0));
+  std::fill(sq.begin(), sq.end(), 0.0);
   acc_t* s = mean0.data();
-  for (int64_t r = 0; r < len; ++r) {
-    const scalar_t* row = p + r * C;
-    AVec a, b;
+  acc_t* d = sd.data();
+  double* q = sq.data();
+  for (int64_t r0 = 0; r0 < len; r0 += kSquareRun) {
+    const int64_t r1 = std::min(len, r0 + kSquareRun);
     for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-      IO::load(row + c, a, b);
-      (AVec::loadu(s + c) + a).store(s + c);
-      (AVec::loadu(s + c + W) + b).store(s + c + W);
+      AVec ta = AVec::loadu(s + c), tb = AVec::loadu(s + c + W), a, b;
+      for (int64_t r = r0; r < r1; ++r) {
+        IO::load(p + r * C + c, a, b);
+        ta += a;
+        tb += b;
+      }
+      ta.store(s + c);
+      tb.store(s + c + W);
     }
-    for (int64_t c = vec_c; c < C; ++c) s[c] += static_cast<acc_t>(row[c]);
+    for (int64_t c = vec_c; c < C; ++c)
+      for (int64_t r = r0; r < r1; ++r) s[c] += static_cast<acc_t>(p[r * C + c]);
   }
   const acc_t inv_len = acc_t(1) / static_cast<acc_t>(len);
   for (int64_t c = 0; c < C; ++c) s[c] *= inv_len;
-  acc_t* d = sd.data();
-  acc_t* q = sq.data();
-  for (int64_t r = 0; r < len; ++r) {
-    const scalar_t* row = p + r * C;
-    AVec a, b;
+  for (int64_t r0 = 0; r0 < len; r0 += kSquareRun) {
+    const int64_t r1 = std::min(len, r0 + kSquareRun);
     for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-      IO::load(row + c, a, b);
-      a -= AVec::loadu(s + c);
-      b -= AVec::loadu(s + c + W);
-      (AVec::loadu(d + c) + a).store(d + c);
-      (AVec::loadu(d + c + W) + b).store(d + c + W);
-      at::vec::fmadd(a, a, AVec::loadu(q + c)).store(q + c);
-      at::vec::fmadd(b, b, AVec::loadu(q + c + W)).store(q + c + W);
+      const AVec ma = AVec::loadu(s + c), mb = AVec::loadu(s + c + W);
+      AVec da(0), db(0), qa(0), qb(0), a, b;
+      for (int64_t r = r0; r < r1; ++r) {
+        IO::load(p + r * C + c, a, b);
+        a -= ma;
+        b -= mb;
+        da += a;
+        db += b;
+        qa = at::vec::fmadd(a, a, qa);
+        qb = at::vec::fmadd(b, b, qb);
+      }
+      (AVec::loadu(d + c) + da).store(d + c);
+      (AVec::loadu(d + c + W) + db).store(d + c + W);
+      add_widened_to(qa, q + c);
+      add_widened_to(qb, q + c + W);
     }
     for (int64_t c = vec_c; c < C; ++c) {
-      const acc_t v = static_cast<acc_t>(row[c]) - s[c];
-      d[c] += v;
-      q[c] += v * v;
+      for (int64_t r = r0; r < r1; ++r) {
+        const acc_t v = static_cast<acc_t>(p[r * C + c]) - s[c];
+        d[c] += v;
+        q[c] += static_cast<double>(v) * static_cast<double>(v);
+      }
     }
   }
+  // Chan's merge with the tile (corrected two-pass: M2 = sum(d^2) - sum(d)^2 / len, exact even when mean0 is off
+  // by rounding); the weights are the same for every channel, so no division per channel.
   const double inv_dl = 1.0 / static_cast<double>(len);
+  const int64_t nt = m.n + len;
+  const double wb = static_cast<double>(len) / static_cast<double>(nt);
+  const double cross = static_cast<double>(m.n) * wb;
+  double* mean = m.mean.data();
+  double* m2 = m.m2.data();
   for (int64_t c = 0; c < C; ++c) {
     const double sdc = d[c];
-    m[c].merge(len, static_cast<double>(s[c]) + sdc * inv_dl,
-               std::max(0.0, static_cast<double>(q[c]) - sdc * sdc * inv_dl));
+    const double tile_mean = static_cast<double>(s[c]) + sdc * inv_dl;
+    const double tile_m2 = std::max(0.0, q[c] - sdc * sdc * inv_dl);
+    const double delta = tile_mean - mean[c];
+    mean[c] += delta * wb;
+    m2[c] += tile_m2 + delta * (delta * cross);  // cross = 0 on the first tile: no inf * 0 for huge |mean|
   }
+  m.n = nt;
 }
 
 template <typename scalar_t>
 void stats_rows(const scalar_t* x, int64_t M, int64_t C, std::vector<Moments>& out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), 32, 4096);
+  const int64_t R = std::clamp<int64_t>(kRowTileValues / std::max<int64_t>(C, 1), kMinTileRows, kMaxTileRows);
   const int64_t tiles = (M + R - 1) / R;
   const int64_t chunks = num_chunks(tiles, 1);
-  std::vector<std::vector<Moments>> part(chunks, std::vector<Moments>(C));
+  std::vector<RowMoments> part(chunks, RowMoments(C));
   at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-    std::vector<acc_t> mean0(C), sd(C), sq(C);
+    std::vector<acc_t> mean0(C), sd(C);
+    std::vector<double> sq(C);
     for (int64_t k = k0; k < k1; ++k)
       for (int64_t t = tiles * k / chunks; t < tiles * (k + 1) / chunks; ++t) {
         const int64_t r0 = t * R;
@@ -154,7 +196,7 @@ void stats_rows(const scalar_t* x, int64_t M, int64_t C, std::vector<Moments>& o
       }
   });
   for (int64_t k = 0; k < chunks; ++k)
-    for (int64_t c = 0; c < C; ++c) out[c].merge(part[k][c]);
+    for (int64_t c = 0; c < C; ++c) out[c].merge(part[k].n, part[k].mean[c], part[k].m2[c]);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ std::vector<KernelOccupancy> kernel_occupancy(int device) {
   std::vector<KernelOccupancy> out;
   stats_occupancy(out);
   gather_stats_occupancy(out);
-  shift_stats_occupancy(out);
+  exchange_stats_occupancy(out);
   elemt_occupancy(out);
   backward_reduce_occupancy(out);
   backward_elemt_occupancy(out);

@@ -21,7 +21,7 @@ struct KernelOccupancy {
 
 void stats_occupancy(std::vector<KernelOccupancy>& out);
 void gather_stats_occupancy(std::vector<KernelOccupancy>& out);
-void shift_stats_occupancy(std::vector<KernelOccupancy>& out);
+void exchange_stats_occupancy(std::vector<KernelOccupancy>& out);
 void elemt_occupancy(std::vector<KernelOccupancy>& out);
 void backward_reduce_occupancy(std::vector<KernelOccupancy>& out);
 void backward_elemt_occupancy(std::vector<KernelOccupancy>& out);

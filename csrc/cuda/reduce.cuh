@@ -1,6 +1,7 @@
 // Device building blocks shared by the SyncBN kernels: aligned vector loads, per-thread Welford and sum
 // states, and the block reduction (warp shuffles, then shared memory across warps).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "runtime.cuh"
@@ -50,7 +51,8 @@ __device__ __forceinline__ PlaneRange plane_range(int64_t sv, int splits, int s_
 }
 
 // Running (count, mean, M2) of V channels that have seen the same number of values (one thread reads
-// the same rows for all its channels), so the count and the merge weight are shared.
+// the same rows for all its channels), so the count and the merge weight are shared. The stats kernels merge
+// their threads' statistics in float64 with it.
 template <typename acc_t, int V>
 struct Welford {
   acc_t n;
@@ -105,32 +107,93 @@ struct Welford {
   }
 };
 
-// Folds K values per channel into the state: exact two-pass mean/M2 of the chunk in registers, then one
-// Chan merge. One division per chunk instead of one per element (Welford's), and the chunk's M2 is
-// computed around its own mean, so a large common offset (|mean| >> std) does not cancel.
+// Products and fused multiply-adds rounded as written: nvcc contracts a * b + c into one fma by default, which
+// would break the error-free transformation in shifted_chunk. (The emulated build is compiled with
+// -ffp-contract=off, so its plain operators are already these.)
+#if defined(SYNCBN_SIMT)
+template <typename T>
+__device__ __forceinline__ T mul_rn(T a, T b) {
+  return a * b;
+}
+template <typename T>
+__device__ __forceinline__ T fma_rn(T a, T b, T c) {
+  return std::fma(a, b, c);
+}
+#else
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+#endif
+
+// A thread's running statistics of V channels that have seen the same number n of values, kept around a
+// per-channel shift k (the first value of the channel the thread read; every later x - k is then exact for
+// |mean| >> std, where rounding the running mean itself to acc_t would lose the spread): s1 = sum(x - k) in
+// acc_t, s2 = sum((x - k)^2) in float64. float32 sums of squares lose the low bits of every square, and for
+// data on float32's grid near a large mean those bits are biased (squares of integers are 0 or 1 mod 4), so the
+// error would grow with the number of terms; each chunk's squares are summed exactly instead (shifted_chunk)
+// and then added in float64. float64 work is one add per chunk and channel, so GPUs with slow float64 pay
+// almost nothing for it.
+template <typename acc_t, int V>
+struct ShiftedSums {
+  acc_t n;
+  acc_t k[V];
+  acc_t s1[V];
+  double s2[V];
+
+  __device__ __forceinline__ void reset() {
+    n = acc_t(0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      k[v] = acc_t(0);
+      s1[v] = acc_t(0);
+      s2[v] = 0.0;
+    }
+  }
+
+  // The same statistics as (count, mean, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
+  // most log2(1 + n (mean - k)^2 / M2) <= log2(n) of float64's 53 bits (k is one of the values).
+  __device__ __forceinline__ Welford<double, V> moments() const {
+    Welford<double, V> w;
+    w.n = double(n);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double q = n > acc_t(0) ? double(s1[v]) / double(n) : 0.0;
+      w.mean[v] = n > acc_t(0) ? double(k[v]) + q : 0.0;
+      const double m2 = s2[v] - double(s1[v]) * q;
+      w.m2[v] = m2 > 0.0 ? m2 : 0.0;
+    }
+    return w;
+  }
+};
+
+// Folds K values per channel into the state. The chunk's sum of squares is exact: each square as p + e
+// (e = fma(d, d, -p), exactly representable) and each addition as t + its rounding error (Knuth's two-sum),
+// the errors gathered in `err`; only the float64 total rounds.
 template <int K, typename acc_t, int V>
-__device__ __forceinline__ void welford_chunk(Welford<acc_t, V>& s, const acc_t (&x)[K][V]) {
-  constexpr acc_t inv_k = acc_t(1) / acc_t(K);
-  const acc_t tot = s.n + acc_t(K);
-  const acc_t w = acc_t(K) / tot;
-  const acc_t cross = s.n * w;
+__device__ __forceinline__ void shifted_chunk(ShiftedSums<acc_t, V>& s, const acc_t (&x)[K][V]) {
+  if (s.n == acc_t(0)) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) s.k[v] = x[0][v];
+  }
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    acc_t sum = acc_t(0);
+    acc_t sum = acc_t(0), sq = acc_t(0), err = acc_t(0);
 #pragma unroll
-    for (int k = 0; k < K; ++k) sum += x[k][v];
-    const acc_t cm = sum * inv_k;
-    acc_t cm2 = acc_t(0);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const acc_t d = x[k][v] - cm;
-      cm2 += d * d;
+    for (int i = 0; i < K; ++i) {
+      const acc_t d = x[i][v] - s.k[v];
+      sum += d;
+      const acc_t p = mul_rn(d, d);
+      err += fma_rn(d, d, -p);
+      const acc_t t = sq + p;
+      const acc_t bp = t - sq;
+      err += (sq - (t - bp)) + (p - bp);
+      sq = t;
     }
-    const acc_t d = cm - s.mean[v];
-    s.mean[v] += d * w;
-    s.m2[v] += cm2 + d * (d * cross);  // cross = 0 on the first chunk: see Welford::merge
+    s.s1[v] += sum;
+    s.s2[v] += double(sq) + double(err);
   }
-  s.n = tot;
+  s.n += acc_t(K);
 }
 
 // Two per-channel sums of V channels (the backward's sum(dy) and sum(dy * (x - mean))).

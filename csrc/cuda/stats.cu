@@ -1,8 +1,9 @@
 // batch_norm_stats: per-channel count, mean and M2 of x in one read, packed as float64 [count, mean(C),
-// m2(C)] for a single all_gather. Each thread folds chunks of its values into a Welford state (exact
-// two-pass within a chunk, Chan merge across chunks), the block merges its threads (warp shuffles, then
-// shared memory), and when a channel is split across several blocks a second tiny kernel merges the
-// per-block partials in float64.
+// m2(C)]. Each thread folds chunks of its values into sums around a shift (reduce.cuh's ShiftedSums: the squares
+// of a chunk summed exactly, then in float64), the block merges its threads' statistics in float64 (warp
+// shuffles, then shared memory), and when a channel is split across several blocks a second tiny kernel merges
+// the per-block partials in float64. As precise as PyTorch's float64-accumulated CPU var_mean, for any
+// |mean| / std the input's dtype can hold.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -18,16 +19,15 @@ namespace {
 
 // Writes one channel's result: straight into `out` when the channel had a single block, else into the
 // float64 partials [3][C][splits] that stats_finalize_kernel merges.
-template <typename acc_t>
 __device__ __forceinline__ void store_stats(SYNCBN_PTR(double) out, SYNCBN_PTR(double) partial, int64_t C, int splits, int64_t c,
-                                            int64_t g, acc_t n, acc_t mean, acc_t m2) {
+                                            int64_t g, double n, double mean, double m2) {
   if (splits == 1) {
-    out[1 + c] = double(mean);
-    out[1 + C + c] = double(m2);
+    out[1 + c] = mean;
+    out[1 + C + c] = m2;
   } else {
-    partial[c * splits + g] = double(n);
-    partial[(C + c) * splits + g] = double(mean);
-    partial[(2 * C + c) * splits + g] = double(m2);
+    partial[c * splits + g] = n;
+    partial[(C + c) * splits + g] = mean;
+    partial[(2 * C + c) * splits + g] = m2;
   }
 }
 
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
   const int bx = blockDim.x;
   const int64_t c = blockIdx.x;
   const int64_t sv = S / VEC;
-  Welford<acc_t, 1> st;
+  ShiftedSums<acc_t, 1> st;
   st.reset();
   const PlaneRange r = plane_range(sv, splits, s_splits, chunk);
   for (int64_t n = r.n0; n < N; n += r.n_step) {
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
           for (int i = 0; i < VEC; ++i) vals[u * VEC + i][0] = acc_t(v[u].val[i]);
-        welford_chunk(st, vals);
+        shifted_chunk(st, vals);
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -63,15 +63,15 @@ __global__ void __launch_bounds__(kThreads)
             acc_t vals[VEC][1];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) vals[i][0] = acc_t(v[u].val[i]);
-            welford_chunk(st, vals);
+            shifted_chunk(st, vals);
           }
         }
       }
     }
   }
-  st = block_reduce(st, 1);
+  const Welford<double, 1> m = block_reduce(st.moments(), 1);
   if (threadIdx.x == 0 && threadIdx.y == 0) {
-    store_stats(out, partial, C, splits, c, blockIdx.y, st.n, st.mean[0], st.m2[0]);
+    store_stats(out, partial, C, splits, c, blockIdx.y, m.n, m.mean[0], m.m2[0]);
     if (splits == 1 && c == 0) out[0] = count;
   }
 }
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   const bool active = c0 < C;
   const int64_t stride = int64_t(splits) * blockDim.y;
-  Welford<acc_t, VEC> st;
+  ShiftedSums<acc_t, VEC> st;
   st.reset();
   if (active) {
     for (int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; m < M; m += kUnroll * stride) {
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
           for (int i = 0; i < VEC; ++i) vals[u][i] = acc_t(v[u].val[i]);
-        welford_chunk(st, vals);
+        shifted_chunk(st, vals);
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -106,17 +106,17 @@ __global__ void __launch_bounds__(kThreads)
             acc_t vals[1][VEC];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) vals[0][i] = acc_t(v[u].val[i]);
-            welford_chunk(st, vals);
+            shifted_chunk(st, vals);
           }
         }
       }
     }
   }
   // Inactive threads (channels past C) still join the reduction: it has a barrier.
-  st = block_reduce(st, blockDim.x);
+  const Welford<double, VEC> m = block_reduce(st.moments(), blockDim.x);
   if (threadIdx.y == 0 && active) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) store_stats(out, partial, C, splits, c0 + i, blockIdx.y, st.n, st.mean[i], st.m2[i]);
+    for (int i = 0; i < VEC; ++i) store_stats(out, partial, C, splits, c0 + i, blockIdx.y, m.n, m.mean[i], m.m2[i]);
     if (splits == 1 && c0 == 0) out[0] = count;
   }
 }

@@ -1,4 +1,4 @@
-// Python module of the emulated build: the seven syncbn::cuda ops (csrc/cuda/, compiled by the host
+// Python module of the emulated build: the eight syncbn::cuda ops (csrc/cuda/, compiled by the host
 // compiler against the SIMT emulation) with the same Python signatures as the real extension's, taking
 // CPU tensors (host memory plays device memory); the emulated device's properties; the launch log and
 // counters; and the probe kernels that test the emulator itself (csrc/simt/probes.cu).
@@ -39,15 +39,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
                                                eps, acc_double);
 }
 
-at::Tensor batch_norm_shift_stats(const at::Tensor& stats, const at::Tensor& shift) {
-  syncbn::simt::DeviceMemoryScope scope("batch_norm_shift_stats", {{"stats", &stats}, {"shift", &shift}});
-  return syncbn::cuda::batch_norm_shift_stats(stats, shift);
+at::Tensor batch_norm_mean_sums(const at::Tensor& stats) {
+  syncbn::simt::DeviceMemoryScope scope("batch_norm_mean_sums", {{"stats", &stats}});
+  return syncbn::cuda::batch_norm_mean_sums(stats);
 }
 
-std::tuple<at::Tensor, at::Tensor> batch_norm_unshift_stats(const at::Tensor& sums, const at::Tensor& shift,
-                                                            double max_ratio) {
-  syncbn::simt::DeviceMemoryScope scope("batch_norm_unshift_stats", {{"sums", &sums}, {"shift", &shift}});
-  return syncbn::cuda::batch_norm_unshift_stats(sums, shift, max_ratio);
+at::Tensor batch_norm_deviation_sums(const at::Tensor& stats, const at::Tensor& mean_sums) {
+  syncbn::simt::DeviceMemoryScope scope("batch_norm_deviation_sums", {{"stats", &stats}, {"mean_sums", &mean_sums}});
+  return syncbn::cuda::batch_norm_deviation_sums(stats, mean_sums);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_reduced_stats(
+    const at::Tensor& mean_sums, const at::Tensor& m2, const OptTensor& running_mean, const OptTensor& running_var,
+    const OptTensor& num_batches_tracked, double momentum, double eps, bool acc_double) {
+  syncbn::simt::DeviceMemoryScope scope("batch_norm_reduced_stats",
+                                        {{"mean_sums", &mean_sums}, {"m2", &m2}, {"running_mean", opt(running_mean)},
+                                         {"running_var", opt(running_var)},
+                                         {"num_batches_tracked", opt(num_batches_tracked)}});
+  return syncbn::cuda::batch_norm_reduced_stats(mean_sums, m2, running_mean, running_var, num_batches_tracked,
+                                                momentum, eps, acc_double);
 }
 
 at::Tensor batch_norm_elemt(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias,
@@ -97,10 +107,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("momentum"), py::arg("eps"),
         py::arg("acc_double"),
         "Merge gathered [count, mean, M2] rows; returns (mean, invstd, count); updates running stats.");
-  m.def("batch_norm_shift_stats", &batch_norm_shift_stats, py::arg("stats"), py::arg("shift"),
-        "This rank's [n, mean, M2] as [n, n*(mean-K), M2 + n*(mean-K)^2] for one all_reduce (float64 [2*C+1]).");
-  m.def("batch_norm_unshift_stats", &batch_norm_unshift_stats, py::arg("sums"), py::arg("shift"),
-        py::arg("max_ratio"), "All-reduced shifted sums -> ([n, mean, M2] row, per-channel bool: no cancellation).");
+  m.def("batch_norm_mean_sums", &batch_norm_mean_sums, py::arg("stats"),
+        "This rank's [n, mean, M2] -> [n, n*mean], the first all_reduce's payload (float64 [C+1]).");
+  m.def("batch_norm_deviation_sums", &batch_norm_deviation_sums, py::arg("stats"), py::arg("mean_sums"),
+        "M2 + n*(mean - global mean)^2, the second all_reduce's payload (float64 [C]).");
+  m.def("batch_norm_reduced_stats", &batch_norm_reduced_stats, py::arg("mean_sums"), py::arg("m2"),
+        py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("momentum"),
+        py::arg("eps"), py::arg("acc_double"),
+        "All-reduced [n, sum n*mean] and M2 -> (mean, invstd, count); updates running stats.");
   m.def("batch_norm_elemt", &batch_norm_elemt, py::arg("input"), py::arg("weight"), py::arg("bias"),
         py::arg("mean"), py::arg("invstd"), "y = (x - mean) * invstd * weight + bias.");
   m.def("batch_norm_backward_reduce", &batch_norm_backward_reduce, py::arg("grad_out"), py::arg("input"),

@@ -1,8 +1,8 @@
-"""SyncBN's collectives: one all_reduce of shifted statistics per forward, one all_reduce of grads per backward.
+"""SyncBN's collectives: two all_reduces of statistics per forward, one all_reduce of grads per backward.
 
-The forward's exchange is a sum (functions.py explains the shift that makes it exact), so each rank sends and
-receives 2C+1 values per layer whatever the world size; when the sums would lose precision the forward
-falls back, for that layer and step, to an all_gather of every rank's [count, mean, M2] row.
+The forward's exchange is two sums (functions.py: [n, n*mean], then the ranks' deviation sums, together Chan's
+merge), so each rank sends and receives 2C+1 values per layer whatever the world size. The all_gather of every
+rank's [count, mean, M2] row is the alternative a layer may ask for (one collective, W(2C+1) values).
 
 Both are functional collectives (`torch.ops._c10d_functional`): they take the process group by
 *name* and return a new tensor, so torch.compile traces them into the graph (Inductor then schedules
@@ -12,7 +12,7 @@ the traced code: `resolve_group` turns the layer's group into (name, size) first
 Nothing here sets a timeout: every collective inherits the timeout of its process group
 (`init_process_group(timeout=...)`), so a rank that never arrives fails the others instead of hanging.
 `call_counts` records how many collectives this process issued in eager mode, and how many values it
-received from them; the tests use it to prove "exactly one per forward, one per backward, none in eval" and
+received from them; the tests use it to prove "exactly two per forward, one per backward, none in eval" and
 the payload (incrementing a dict is negligible next to a collective). Compiled code does not touch it (a Python side effect in a graph would be replayed as a
 constant and guarded on); the compile tests count the collective ops in the compiled graphs instead.
 """
@@ -64,7 +64,8 @@ def resolve_group(process_group: Optional[Any], group_size: Optional[int] = None
 
 
 def all_reduce_stats(packed: torch.Tensor, group_name: str) -> torch.Tensor:
-    """The group sum of the forward's packed [2C+1] shifted statistics, as a new tensor (one collective)."""
+    """The group sum of one of the forward's packed statistics ([C+1] mean sums, [C] deviation sums), as a new
+    tensor (one collective)."""
     if not torch.compiler.is_compiling():
         call_counts["all_reduce"] += 1
         call_counts["received"] += packed.numel()

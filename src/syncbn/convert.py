@@ -16,7 +16,6 @@ import sys
 import warnings
 from typing import Any, Optional
 
-import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -77,9 +76,6 @@ def _swap(bn: _BatchNorm, new_cls: type, **extra: Any) -> _BatchNorm:
         setattr(new, name, getattr(bn, name))  # the same Parameter (or None): optimizers keep tracking it
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         new._buffers[name] = bn._buffers.get(name)
-    if isinstance(new, SyncBatchNorm):  # its own exchange state, on the layer's device (it was built on meta)
-        held = [t for t in (bn.running_mean, bn.weight, bn.bias) if t is not None]
-        new.sync_shift = torch.zeros(bn.num_features, dtype=torch.float64, device=held[0].device if held else None)
     if hasattr(new, "act"):  # norm+act layers: the same submodules (an activation may have parameters)
         for name in ("drop", "act"):
             part = getattr(bn, name, None)
@@ -121,7 +117,6 @@ def _convert(module: nn.Module, process_group: Optional[Any], table: dict[type, 
         out = _swap(module, cls, process_group=group)  # type: ignore[arg-type]
     elif isinstance(module, SyncBatchNorm) and process_group is not None:
         module.process_group = process_group  # already ours: only the group changes
-        module.reset_sync_shift()  # and K, agreed in the old group
     for name, child in module.named_children():  # a norm+act layer's drop/act come back as they are
         out.add_module(name, _convert(child, process_group, table))
     return out

@@ -1,6 +1,6 @@
 """Build (once per node, cached on disk) and load the SyncBN C++/CUDA kernel extension.
 
-`load_extension()` returns the compiled module with the seven ops of csrc/syncbn.h. The first call on
+`load_extension()` returns the compiled module with the eight ops of csrc/syncbn.h. The first call on
 a machine compiles it with ninja into a cache directory (default `<repo>/build/torch_extensions`,
 override with SYNCTRAIN_EXTENSIONS_DIR); every later process imports the cached library directly.
 
@@ -299,8 +299,9 @@ def make_emulated_spec(fault: bool = False) -> BuildSpec:
     sources = [*sorted((CSRC / "simt").glob("*.cpp")), *sorted((CSRC / "simt").glob("*.cu")),
                *sorted((CSRC / "cuda").glob("*.cu"))]
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
-    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
-    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
+    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on. -ffp-contract=off: every
+    # a * b + c rounds twice, as the kernels' __fmul_rn / __fmaf_rn spell it out where it matters (reduce.cuh).
+    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas", "-ffp-contract=off"]
     if fault:
         cflags.append("-DSYNCTRAIN_SELFCHECK_FAULT")
     # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its
@@ -548,7 +549,7 @@ def load_emulated_cuda_extension(device: str | Mapping[str, int] = "h100", *, fa
     with overrides ("orin,sm_count=2"), or a mapping of overrides on top of h100 ({"sm_count": 4}).
     The keys are those of `module.device()`. The module is one per process: loading it again with
     another device switches every later launch to that device. Built on first use (host compiler,
-    about 70 s of CPU time), cached like the other variants. Besides the seven ops the module has
+    about 70 s of CPU time), cached like the other variants. Besides the eight ops the module has
     `set_device`, `device`, `record_launches` / `launches` (kernel names and geometry), `counters`
     and `probes` (kernels that test the emulator itself). fault=True: the deliberately faulty variant
     (make_emulated_spec), a separate build used only to show that the self-check catches a wrong result.

@@ -1,4 +1,4 @@
-"""Fake (meta) implementations of the seven SyncBN kernel ops, so torch.compile can trace them.
+"""Fake (meta) implementations of the eight SyncBN kernel ops, so torch.compile can trace them.
 
 The C++ side (csrc/bindings.cpp) registers the ops under a per-variant namespace with their schemas
 and CPU/CUDA kernels; these functions tell FakeTensor what each op returns (shape, dtype, device,
@@ -14,8 +14,9 @@ import torch
 OP_NAMES = (
     "batch_norm_stats",
     "batch_norm_gather_stats",
-    "batch_norm_shift_stats",
-    "batch_norm_unshift_stats",
+    "batch_norm_mean_sums",
+    "batch_norm_deviation_sums",
+    "batch_norm_reduced_stats",
     "batch_norm_elemt",
     "batch_norm_backward_reduce",
     "batch_norm_backward_elemt",
@@ -33,7 +34,7 @@ def _stats(input: torch.Tensor) -> torch.Tensor:
     return input.new_empty((2 * input.shape[1] + 1,), dtype=torch.float64)
 
 
-def fake_gather_stats(
+def _gather_stats(
     gathered: torch.Tensor,
     running_mean: Optional[torch.Tensor],
     running_var: Optional[torch.Tensor],
@@ -51,13 +52,27 @@ def fake_gather_stats(
     return mean, invstd, count
 
 
-def _shift_stats(stats: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    return stats.new_empty((stats.numel(),), dtype=torch.float64)
+def _mean_sums(stats: torch.Tensor) -> torch.Tensor:
+    # [count, sum n*mean(C)]
+    return stats.new_empty(((stats.numel() + 1) // 2,), dtype=torch.float64)
 
 
-def _unshift_stats(sums: torch.Tensor, shift: torch.Tensor, max_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    channels = (sums.numel() - 1) // 2
-    return sums.new_empty((sums.numel(),), dtype=torch.float64), sums.new_empty((channels,), dtype=torch.bool)
+def _deviation_sums(stats: torch.Tensor, mean_sums: torch.Tensor) -> torch.Tensor:
+    return stats.new_empty(((stats.numel() - 1) // 2,), dtype=torch.float64)
+
+
+def _reduced_stats(
+    mean_sums: torch.Tensor,
+    m2: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    acc_double: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    acc = torch.float64 if acc_double else torch.float32
+    return m2.new_empty(m2.shape, dtype=acc), m2.new_empty(m2.shape, dtype=acc), m2.new_empty((), dtype=torch.float64)
 
 
 def _elemt(
@@ -91,9 +106,10 @@ def _backward_elemt(
 
 _FAKES = {
     "batch_norm_stats": _stats,
-    "batch_norm_gather_stats": fake_gather_stats,
-    "batch_norm_shift_stats": _shift_stats,
-    "batch_norm_unshift_stats": _unshift_stats,
+    "batch_norm_gather_stats": _gather_stats,
+    "batch_norm_mean_sums": _mean_sums,
+    "batch_norm_deviation_sums": _deviation_sums,
+    "batch_norm_reduced_stats": _reduced_stats,
     "batch_norm_elemt": _elemt,
     "batch_norm_backward_reduce": _backward_reduce,
     "batch_norm_backward_elemt": _backward_elemt,

@@ -1,26 +1,22 @@
-"""The SyncBN autograd Function: the maths of docs/syncbn.md and its collectives (one forward, one backward).
+"""The SyncBN autograd Function: the maths of docs/syncbn.md and its collectives (two forward, one backward).
 
-Forward (training): local Welford stats [n, mean, M2] -> shifted by K, a per-channel value every rank of
-the group holds identically (the layer's last synchronised batch mean) -> one all_reduce of
-[n, sum n_r (mean_r - K), sum M2_r + n_r (mean_r - K)^2] -> unshifted (mean = K + S1/n, M2 = S2 - S1^2/n)
--> merged on the device (running stats updated there) -> normalise. Each rank receives 2C+1 values per
-layer, whatever the world size. Where S2 - S1^2/n would cancel beyond what the result's precision allows
-(K far from this batch's mean: a layer's first steps, extreme inputs), every rank sees it in the same
-reduced values and the layer falls back, for that step, to an all_gather of the ranks' [n, mean, M2] rows
-(exact for any data). Backward: local [sum dy, sum dy*xhat] -> one all_reduce -> dx. The kernels
-(csrc/syncbn.h) never branch on the device; neither does this file.
+Forward (training): local Welford stats [n, mean, M2] (batch_norm_stats) -> all_reduce of [n, n*mean] (C+1 values)
+-> every rank holds the global count N and mean S/N -> all_reduce of M2 + n (mean_r - S/N)^2 (C values, every term
+non-negative: nothing cancels) -> the merged statistics and the running-statistics update, on the device ->
+normalise. That is Chan's merge of the ranks' [n, mean, M2] rows term for term, as an all_gather of the rows
+computes it, only summed by the collectives: as exact as the gather for every input, with no state kept between
+steps, 2C+1 values per rank and layer whatever the world size. Backward: local [sum dy, sum dy*xhat] -> one
+all_reduce -> dx. The kernels (csrc/ops.h) never branch on the device; neither does this file. A layer may ask for
+the gather instead (`exchange="all_gather"`: one collective of W(2C+1) values), for comparisons.
 
-torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake
-implementations (fake_kernels.py), the two elementwise ones replaced while tracing by their aten form
-(fusable.py) so Inductor fuses them with the ReLU / residual add around them; the collectives are
-functional collectives on a group name; the exact-or-gather decision is one operator
-(`synctrain::merge_exchanged_stats`). Host reads: that decision (one bool per layer and training forward
-on more than one rank), and, on a rank holding at most one value per channel, the global count (then
-F.batch_norm's "more than 1 value" error applies).
+torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake implementations
+(fake_kernels.py), the two elementwise ones replaced while tracing by their aten form (fusable.py) so Inductor
+fuses them with the ReLU / residual add around them; the collectives are functional collectives on a group name.
+Host reads in a training step: none, except on a rank whose input holds at most one value per channel (decided by
+the input's shape): that rank reads the global count, to raise F.batch_norm's "more than 1 value" error.
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 from dataclasses import dataclass
@@ -31,13 +27,13 @@ import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import collectives, fusable
-from .fake_kernels import OP_NAMES, fake_gather_stats, register_fakes
+from .fake_kernels import OP_NAMES, register_fakes
 from .recompute import ForwardStatistics
 
 
 @dataclass(frozen=True)
 class KernelOps:
-    """The seven kernel ops as callables, and where they come from.
+    """The eight kernel ops as callables, and where they come from.
 
     `traceable`: they are dispatcher operators (torch.ops.<namespace>) with fake implementations, so
     torch.compile can trace them; otherwise they are plain Python-bound functions (eager only).
@@ -45,8 +41,9 @@ class KernelOps:
 
     batch_norm_stats: Callable[..., Any]
     batch_norm_gather_stats: Callable[..., Any]
-    batch_norm_shift_stats: Callable[..., Any]
-    batch_norm_unshift_stats: Callable[..., Any]
+    batch_norm_mean_sums: Callable[..., Any]
+    batch_norm_deviation_sums: Callable[..., Any]
+    batch_norm_reduced_stats: Callable[..., Any]
     batch_norm_elemt: Callable[..., Any]
     batch_norm_backward_reduce: Callable[..., Any]
     batch_norm_backward_elemt: Callable[..., Any]
@@ -148,104 +145,37 @@ def _one_value_error(shape: Sequence[int], world_size: int) -> ValueError:
 @torch.library.custom_op(
     "synctrain::require_more_than_one_value", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,)
 )
-def _require_more_than_one_value(gathered: torch.Tensor, input_shape: Sequence[int]) -> torch.Tensor:
-    """Raise F.batch_norm's ValueError if the gathered rows hold one value per channel in all; else pass them on."""
-    if int(gathered[:, 0].sum().item()) == 1:  # one host read: only ranks holding <= 1 value get here
-        raise _one_value_error(input_shape, gathered.shape[0])
-    return gathered.clone()  # an operator's output may not alias its input
+def _require_more_than_one_value(counted: torch.Tensor, input_shape: Sequence[int], world_size: int) -> torch.Tensor:
+    """Raise F.batch_norm's ValueError if `counted`'s counts (element 0 of each row) add up to 1; else pass it on."""
+    total = counted.reshape(-1, counted.shape[-1])[:, 0].sum()
+    if int(total.item()) == 1:  # one host read: only ranks holding <= 1 value get here
+        raise _one_value_error(input_shape, world_size)
+    return counted.clone()  # an operator's output may not alias its input
 
 
 @_require_more_than_one_value.register_fake
-def _(gathered: torch.Tensor, input_shape: Sequence[int]) -> torch.Tensor:
-    return torch.empty_like(gathered)
+def _(counted: torch.Tensor, input_shape: Sequence[int], world_size: int) -> torch.Tensor:
+    return torch.empty_like(counted)
 
 
-def _check_more_than_one_value(input_shape: Sequence[int], gathered: torch.Tensor) -> torch.Tensor:
-    """`gathered`, after raising F.batch_norm's ValueError when the whole group holds one value per channel.
+def _check_more_than_one_value(input_shape: Sequence[int], counted: torch.Tensor, world_size: int) -> torch.Tensor:
+    """`counted` (gathered rows, or the all-reduced [N, ...]), after raising F.batch_norm's ValueError when the whole
+    group holds one value per channel.
 
     Only ranks holding <= 1 value per channel (local_count, from the input's shape) look at the global
-    count (one host read, inside an operator, so a compiled graph keeps it without a break). If the global count is 1, every rank has local_count
-    <= 1, so every rank looks and raises: the group stays consistent. local_count comes from the
-    shape, so under torch.compile this branch is decided while tracing.
+    count (one host read, inside an operator, so a compiled graph keeps it without a break). If the global count is
+    1, every rank has local_count <= 1, so every rank looks and raises: the group stays consistent. local_count
+    comes from the shape, so under torch.compile this branch is decided while tracing, and a rank holding more
+    than one value per channel never reads the host. The check cannot move to the device: F.batch_norm's
+    contract is a Python ValueError, which only the host can raise.
     """
     local_count = input_shape[0] * math.prod(input_shape[2:])
     if local_count > 1:
-        return gathered
-    return _require_more_than_one_value(gathered, list(input_shape))
+        return counted
+    return _require_more_than_one_value(counted, list(input_shape), world_size)
 
 
-log = logging.getLogger(__name__)
-
-# The all_reduce path keeps this many of float64's 53 bits of M2 = S2 - S1^2/n: it loses about log2(S2/M2)
-# to the subtraction and up to log2(W + 2) to rounding in the W-term sums and the unshift. 28 = float32's 24 and a
-# margin, for the float32 statistics of float32/float16/bfloat16 inputs; 44 for float64 inputs, whose
-# statistics are float64 (a relative error below 6e-14, next to the ~1e-16 x log(n) of the local Welford pass).
-KEPT_BITS = {False: 28, True: 44}
-
-
-def max_cancellation_ratio(world_size: int, acc_double: bool) -> float:
-    """Largest S2 / M2 per channel for which the all_reduced shifted sums are as exact as the gather."""
-    return 2.0 ** (53 - KEPT_BITS[acc_double]) / (world_size + 2)
-
-
-fallback_count = 0  # forwards of this process that fell back to the all_gather (logged at 1, 10, 100, ...)
-
-
-def _note_fallback(channels: int, world_size: int) -> None:
-    global fallback_count
-    fallback_count += 1
-    if fallback_count in (1, 10, 100, 1000) or fallback_count % 10000 == 0:
-        log.info("SyncBN: the shifted-sums all_reduce would have lost precision, so a layer's statistics were "
-                 "all_gathered instead (%d time(s) in this process so far; last: %d channels, %d ranks). Expected "
-                 "in a layer's first training steps, when its batch mean is far from the last one.",
-                 fallback_count, channels, world_size)
-
-
-def _merge_exchanged(
-    row: torch.Tensor,
-    exact: torch.Tensor,
-    local: torch.Tensor,
-    shift: torch.Tensor,
-    running_mean: Optional[torch.Tensor],
-    running_var: Optional[torch.Tensor],
-    num_batches_tracked: Optional[torch.Tensor],
-    momentum: float,
-    eps: float,
-    acc_double: bool,
-    group_name: str,
-    world_size: int,
-    input_shape: list[int],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean, invstd, count) from the unshifted all_reduce `row`, or, where `exact` is false anywhere, from an
-    all_gather of every rank's `local` row; running stats updated; `shift` set to the new global mean.
-
-    Every rank computes `exact` from the same reduced values, so all of them take the same branch.
-    """
-    ops = kernel_ops()
-    if bool(exact.all()):  # the one host read of the exchange
-        rows = row.view(1, -1)
-    else:
-        rows = collectives.all_gather_stats(local, group_name, world_size)
-        _note_fallback(local.numel() // 2, world_size)
-    rows = _check_more_than_one_value(input_shape, rows)
-    mean, invstd, count = ops.batch_norm_gather_stats(
-        rows, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double)
-    shift.copy_(mean)
-    return mean, invstd, count
-
-
-# The decision as one operator, so a compiled graph keeps it (and the fallback's collective) without a break.
-# cudagraph_unsafe: it reads a device value on the host, which a CUDA graph cannot capture.
-_merge_exchanged_op = torch.library.custom_op(
-    "synctrain::merge_exchanged_stats", mutates_args=("shift", "running_mean", "running_var"),
-    tags=(torch.Tag.cudagraph_unsafe,),
-)(_merge_exchanged)
-
-
-@_merge_exchanged_op.register_fake
-def _(row, exact, local, shift, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
-      group_name, world_size, input_shape):  # type: ignore[no-untyped-def]
-    return fake_gather_stats(row.view(1, -1), None, None, None, momentum, eps, acc_double)  # what the merge returns
+EXCHANGES = ("all_reduce", "all_gather")
 
 
 def _global_statistics(
@@ -258,27 +188,27 @@ def _global_statistics(
     eps: float,
     group_name: str,
     world_size: int,
-    shift: Optional[torch.Tensor] = None,
+    exchange: str = "all_reduce",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean, invstd, count) over the group, running stats updated.
+    """(mean, invstd, count) over the group, running stats updated; no host read (see the module docstring).
 
-    With `shift` (float64-convertible [C], identical on every rank of the group; set here to the new mean):
-    one all_reduce of shifted sums, or the gather where they would cancel. Without: one all_gather.
+    exchange="all_reduce": two all_reduces of C+1 and C values; "all_gather": one all_gather of W rows of 2C+1.
     """
     local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
     acc_double = x.dtype == torch.float64
-    if world_size > 1 and shift is not None:
-        k = shift.to(torch.float64)  # the buffer itself when it is float64 (a model.half() makes it half)
-        reduced = collectives.all_reduce_stats(ops.batch_norm_shift_stats(local, k), group_name)
-        row, exact = ops.batch_norm_unshift_stats(reduced, k, max_cancellation_ratio(world_size, acc_double))
-        merge = _merge_exchanged_op if torch.compiler.is_compiling() else _merge_exchanged
-        return merge(row, exact, local, shift, running_mean, running_var, num_batches_tracked, momentum, eps,
-                     acc_double, group_name, world_size, list(x.shape))
+    if world_size > 1 and exchange == "all_reduce":
+        sums = collectives.all_reduce_stats(ops.batch_norm_mean_sums(local), group_name)  # [N, sum n*mean]
+        sums = _check_more_than_one_value(x.shape, sums, world_size)
+        m2 = collectives.all_reduce_stats(ops.batch_norm_deviation_sums(local, sums), group_name)
+        return ops.batch_norm_reduced_stats(
+            sums, m2, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double)
+    if exchange not in EXCHANGES:
+        raise ValueError(f"SyncBatchNorm exchange={exchange!r}: expected one of {EXCHANGES}")
     if world_size > 1:
         gathered = collectives.all_gather_stats(local, group_name, world_size)
     else:
         gathered = local.view(1, -1)
-    gathered = _check_more_than_one_value(x.shape, gathered)
+    gathered = _check_more_than_one_value(x.shape, gathered, world_size)
     return ops.batch_norm_gather_stats(
         gathered, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double,
     )
@@ -302,7 +232,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         world_size: int,
         record: Optional[ForwardStatistics] = None,
         replay: Optional[ForwardStatistics] = None,
-        shift: Optional[torch.Tensor] = None,
+        exchange: str = "all_reduce",
     ) -> torch.Tensor:
         ops = kernel_ops()
         fmt = kernel_memory_format(input)
@@ -314,12 +244,13 @@ class SyncBatchNormFunction(torch.autograd.Function):
             mean, invstd, count = replay.stats()
         else:
             mean, invstd, count = _global_statistics(
-                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size, shift)
+                ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size,
+                exchange)
             if record is not None:
                 record.mean, record.invstd, record.count = mean, invstd, count
                 ctx.record = record  # the autograd node owns it: it lives exactly as long as the graph
         # Also on a rank with an empty batch (the kernel then returns an empty y): y must depend on
-        # the gathered statistics, or a compiled graph would drop the all_gather as dead code on
+        # the exchanged statistics, or a compiled graph would drop the collectives as dead code on
         # that rank (functional collectives are pure ops) while its peers wait in it.
         if fusable.FUSE_FORWARD and torch.compiler.is_compiling() and x.numel() > 0:
             y = fusable.batch_norm_elemt(x, weight, bias, mean, invstd)  # aten ops Inductor fuses with neighbours
@@ -377,16 +308,16 @@ def sync_batch_norm(
     world_size: int,
     record: Optional[ForwardStatistics] = None,
     replay: Optional[ForwardStatistics] = None,
-    shift: Optional[torch.Tensor] = None,
+    exchange: str = "all_reduce",
 ) -> torch.Tensor:
     """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked).
 
     `record` receives this forward's global statistics; `replay` supplies a first forward's instead of
     computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
-    `shift`: a per-channel tensor identical on every rank of the group (the layer's `sync_shift`), which selects
-    the all_reduce exchange and receives the new global mean; None = the all_gather exchange.
+    `exchange`: how the forward's statistics travel, "all_reduce" (two collectives, 2C+1 values in all) or
+    "all_gather" (one, W(2C+1) values); both give the same merge.
     """
     return SyncBatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
-        world_size, record, replay, shift,
+        world_size, record, replay, exchange,
     )

@@ -41,6 +41,9 @@ class SyncBatchNorm(_BatchNorm):
     sync_until_step: Optional[int] = None
     optimizer_step: int = 0
     _forwards: Optional[int] = None  # this layer's training forwards before the current one (sync_every)
+    # How the forward's statistics travel (functions.py): "all_reduce" (two collectives, 2C+1 values whatever the
+    # world size) or "all_gather" (one collective of W(2C+1) values). The same merge either way.
+    exchange: str = "all_reduce"
     _checked_on: Optional[torch.device] = None  # the CUDA device whose self-check this layer has seen done
 
     def __init__(
@@ -60,12 +63,6 @@ class SyncBatchNorm(_BatchNorm):
             num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, bias=bias
         )
         self.process_group = process_group
-        # K of the forward's shifted-sums exchange (functions.py): the last batch mean this layer's group agreed on,
-        # set only from collective results, so identical on every rank of the group by construction (the running
-        # mean is not: sync_every / sync_until_step update it from per-rank batches). A plain tensor, not a buffer:
-        # buffers and state_dict stay exactly nn.BatchNorm's; _apply moves it. Whatever changes the layer's group
-        # (configure_sync, convert_sync_batchnorm with a group) zeroes it: zeros are identical everywhere.
-        self.sync_shift = torch.zeros(num_features, dtype=torch.float64, device=device)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -129,10 +126,9 @@ class SyncBatchNorm(_BatchNorm):
             momentum = -1.0 if num_batches_tracked is not None else 0.0
         # A replay communicates nothing, and must not advance sync_every's forward counter.
         group_name, world_size = ("", 1) if replay is not None else self._sync_group()
-        shift = self.sync_shift if world_size > 1 else None
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
-            momentum, float(self.eps), group_name, world_size, record, replay, shift,
+            momentum, float(self.eps), group_name, world_size, record, replay, self.exchange,
         )
 
     def _sync_group(self) -> tuple[str, int]:
@@ -144,39 +140,25 @@ class SyncBatchNorm(_BatchNorm):
         if self.sync_until_step is not None and self.optimizer_step >= self.sync_until_step:
             return "", 1
         if self.sync_every > 1:
-            if self._forwards is None:  # first forward since construction or load: one host read
-                tracked = self.num_batches_tracked if self.track_running_stats else None
-                # forward() has already counted this forward in num_batches_tracked
-                self._forwards = int(tracked) - 1 if tracked is not None else 0
+            if self._forwards is None:  # sync_every set without configure_sync or a load: one host read, once
+                self.reset_sync_phase()
+                self._forwards -= 1  # forward() has already counted this forward in num_batches_tracked
             index, self._forwards = self._forwards, self._forwards + 1
             if index % self.sync_every:
                 return "", 1
         return resolve_group(self.process_group, self.group_size)
 
-    def reset_sync_shift(self) -> None:
-        """Zero K (see __init__): needed when the layer's group changes, so that every rank of the new group holds
-        the same K. configure_sync and convert_sync_batchnorm call it; call it yourself (on every rank) after
-        re-creating process groups with different members in the same process."""
-        with torch.no_grad():
-            self.sync_shift.zero_()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> "SyncBatchNorm":
-        super()._apply(fn, recurse)
-        shift = getattr(self, "sync_shift", None)  # absent while a subclass's __init__ is still running
-        if shift is not None:
-            # Moved and cast as a buffer would be (.to / .cuda / .half), but zeroed: to_empty() would leave
-            # uninitialised memory, different on every rank, and zeros are identical everywhere.
-            self.sync_shift = torch.zeros_like(fn(shift))
-        return self
-
-    def reset_running_stats(self) -> None:
-        super().reset_running_stats()
-        if getattr(self, "sync_shift", None) is not None:
-            self.reset_sync_shift()
+    def reset_sync_phase(self) -> None:
+        """Take sync_every's phase from num_batches_tracked (the training forwards so far): one host read, which
+        configure_sync and load_state_dict make here, outside any training step, so that no step reads one."""
+        tracked = self.num_batches_tracked if self.track_running_stats else None
+        self._forwards = int(tracked) if tracked is not None else 0
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        self._forwards = None  # re-read from the loaded num_batches_tracked at the next training forward
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._forwards = None
+        if self.sync_every > 1:  # the loaded num_batches_tracked sets the phase
+            self.reset_sync_phase()
 
     def extra_repr(self) -> str:
         modes = [f"{key}={getattr(self, key)}" for key, default in

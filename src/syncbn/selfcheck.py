@@ -2,11 +2,11 @@
 
 The CUDA kernels (csrc/cuda/) are tested in every `make test` under a CPU emulation, but a GPU can still
 differ (a race, the memory model, a compiler or driver bug on that architecture). So before a process
-first trains with them on a GPU, `ensure_cuda_kernels_checked` runs each of the seven ops on a few small
+first trains with them on a GPU, `ensure_cuda_kernels_checked` runs each of the eight ops on a few small
 cases (selfcheck_cases.py: both layouts, fp32/fp16/bf16/fp64, vector tails, an empty rank, a plane split)
 and compares them with PyTorch's own CUDA SyncBN kernels on the same device (`torch.batch_norm_stats`,
-`_gather_stats_with_counts`, `_elemt`, `_backward_reduce`, `_backward_elemt`; the shifted-sums exchange
-has no PyTorch counterpart) and with a float64 reference. A pass is remembered on disk (selfcheck.json in the extension cache directory) per GPU name,
+`_gather_stats_with_counts`, `_elemt`, `_backward_reduce`, `_backward_elemt`; the all_reduce exchange's
+three ops have no PyTorch counterpart) and with a float64 reference. A pass is remembered on disk (selfcheck.json in the extension cache directory) per GPU name,
 compute capability, CUDA runtime, driver and build, so later runs skip it; a cache that cannot be written
 only costs a warning. A PyTorch kernel that raises is recorded as "reference unavailable" and the float64
 reference decides. In a process group every rank's verdict is reduced (one all_reduce) before any rank
@@ -147,17 +147,22 @@ class _Checker:
             for what, a, e in (("mean", mean, t_mean), ("invstd", invstd, t_invstd), ("running_mean", rm, t_rm),
                                ("running_var", rv, t_rv)):
                 self.check(op, name, dtype, what, a, e, red_tol, "torch.batch_norm_gather_stats_with_counts")
-        # 2b. the all_reduce exchange: shifted sums per rank, their sum, unshifted to the merged row
-        shift = (r_mean + 0.25).to(self.device)  # K a quarter unit from the mean, as a later training step has it
-        sums = [ops.batch_norm_shift_stats(st, shift) for st in stats]
+        # 2b. the all_reduce exchange: per-rank mean sums, their sum, per-rank deviation sums, their sum, merged
+        sums = [ops.batch_norm_mean_sums(st) for st in stats]
         for st, sm in zip(stats, sums):
-            self.check("batch_norm_shift_stats", name, dtype, "[n, S1, S2]", sm, sc.ref_shift(st, shift), red_tol, f64)
-        row, exact = ops.batch_norm_unshift_stats(torch.stack(sums).sum(0), shift, 1e6)
-        r_n, _, r_m2 = sc.ref_merged(rows)
-        self.check("batch_norm_unshift_stats", name, dtype, "[n, mean, M2]", row, torch.cat([r_n.view(1), r_mean, r_m2]),
-                   red_tol, f64)
-        self.check("batch_norm_unshift_stats", name, dtype, "exact", exact.double(), torch.ones(c, dtype=torch.float64),
-                   0.0, "K near the mean: no cancellation")
+            self.check("batch_norm_mean_sums", name, dtype, "[n, n*mean]", sm, sc.ref_mean_sums(st), red_tol, f64)
+        total = torch.stack(sums).sum(0)
+        devs = [ops.batch_norm_deviation_sums(st, total) for st in stats]
+        for st, dv in zip(stats, devs):
+            self.check("batch_norm_deviation_sums", name, dtype, "M2 + n*d^2", dv, sc.ref_deviation_sums(st, total),
+                       red_tol, f64)
+        rm_r = torch.zeros(c, dtype=w.dtype, device=self.device)
+        rv_r = torch.ones(c, dtype=w.dtype, device=self.device)
+        outs = ops.batch_norm_reduced_stats(total, torch.stack(devs).sum(0), rm_r, rv_r, None, sc.MOMENTUM, sc.EPS,
+                                            acc == torch.float64)
+        for what, a, e in zip(("mean", "invstd", "count", "running_mean", "running_var"), (*outs[:2], outs[2].view(1),
+                              rm_r, rv_r), (r_mean, r_invstd, r_n.view(1), r_rm, r_rv)):
+            self.check("batch_norm_reduced_stats", name, dtype, what, a, e, red_tol, f64)
         # 3. elemt per rank, 4. backward_reduce per rank and their sum (the all_reduce)
         reduced = torch.zeros(2 * c, dtype=acc, device=self.device)
         for x, dy in zip(xs, dys):
@@ -218,7 +223,7 @@ def default_cases(device: torch.device) -> tuple[sc.Case, ...]:
 def run_selfcheck(ops: ModuleType, device: torch.device | str, *, device_name: str | None = None,
                   cases: tuple[sc.Case, ...] | None = None, dtypes: tuple[torch.dtype, ...] = sc.DTYPES,
                   torch_reference: bool | None = None) -> SelfCheckReport:
-    """Run every case x dtype through the seven `ops` on `device`; raise SelfCheckError on a disagreement.
+    """Run every case x dtype through the eight `ops` on `device`; raise SelfCheckError on a disagreement.
 
     cases: default_cases(device) when None. torch_reference: compare with PyTorch's own SyncBN kernels
     too (default: on a CUDA device; elsewhere, e.g. the emulated build on CPU tensors, the float64

@@ -16,8 +16,8 @@ import torch
 EPS = 1e-5
 MOMENTUM = 0.1
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_shift_stats", "batch_norm_unshift_stats",
-       "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_mean_sums", "batch_norm_deviation_sums",
+       "batch_norm_reduced_stats", "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 
 # Tolerances, as rtol and as atol relative to the largest |reference| of the output compared:
 # - Reductions (statistics, running stats, backward sums) accumulate in fp32 (fp64 for fp64 input) over at
@@ -143,14 +143,20 @@ def ref_merged(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return n, mean, m2s.sum(0) + (counts[:, None] * (means - mean) ** 2).sum(0)
 
 
-def ref_shift(stats: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """[n, n (mean - K), M2 + n (mean - K)^2] of one rank's [n, mean, M2], in float64 on the CPU."""
-    stats, shift = stats.detach().double().cpu(), shift.detach().double().cpu()
-    c = shift.numel()
-    n, d = stats[0], stats[1:1 + c] - shift
-    if float(n) == 0:
-        return torch.zeros_like(stats)
-    return torch.cat([stats[:1], n * d, stats[1 + c:] + n * d * d])
+def ref_mean_sums(stats: torch.Tensor) -> torch.Tensor:
+    """[n, n * mean] of one rank's [n, mean, M2], in float64 on the CPU."""
+    stats = stats.detach().double().cpu()
+    c = (stats.numel() - 1) // 2
+    return torch.cat([stats[:1], stats[0] * stats[1:1 + c]])
+
+
+def ref_deviation_sums(stats: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """M2 + n (mean - S/N)^2 of one rank's [n, mean, M2], [N, S] the summed mean sums, in float64 on the CPU."""
+    stats, sums = stats.detach().double().cpu(), sums.detach().double().cpu()
+    c = (stats.numel() - 1) // 2
+    if float(stats[0]) == 0 or float(sums[0]) == 0:
+        return torch.zeros(c, dtype=torch.float64)
+    return stats[1 + c:] + stats[0] * (stats[1:1 + c] - sums[1:] / sums[0]) ** 2
 
 
 def ref_gather(rows: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor):

@@ -34,8 +34,10 @@ def configure_sync(module: nn.Module, *, group_size: Optional[int] = None, sync_
         layer.group_size = group_size
         layer.sync_every = sync_every
         layer.sync_until_step = sync_until_step
-        layer._forwards = None  # the sync_every phase is re-read from num_batches_tracked
-        layer.reset_sync_shift()  # K was agreed in the old group
+        if sync_every > 1:
+            layer.reset_sync_phase()  # from num_batches_tracked, now rather than in a training step
+        else:
+            layer._forwards = None
     return len(layers)
 
 

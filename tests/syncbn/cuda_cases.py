@@ -87,7 +87,7 @@ class Backend:
 # schedule reverses the lanes within each warp too (LaunchOrder::block_threads, csrc/simt/schedule.cpp),
 # so any launch of more than one thread runs in another order (test_simt.py's syncwarp race probe is one
 # 32-thread warp whose result the order changes). Only a launch of one thread, or no launch at all,
-# runs the same either way; every launch the five ops make on CASES has at least 128 threads.
+# runs the same either way; every launch the ops make on CASES has at least 128 threads.
 SCHEDULES = ("forward", "reverse")
 BACKENDS = [*(pytest.param(f"emulated-{s}", marks=pytest.mark.cuda_emulated) for s in SCHEDULES),
             pytest.param("cuda", marks=pytest.mark.cuda)]

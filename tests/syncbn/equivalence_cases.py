@@ -32,8 +32,9 @@ CASES = {
     "channels_last_3d": ("3d", 4, [2, 1, 2], (2, 3, 4), {"fmt": "channels_last_3d"}),
     "strided_input": ("2d", 3, [2, 3, 1], (4, 4), {"fmt": "strided"}),
     "float64": ("2d", 3, [3, 2, 4], (4, 5), {"dtype": torch.float64, "steps": 2}),
-    # Step 0 falls back to the gather (K = 0 is 1e4 std from the mean); step 1 sums around K = step 0's mean.
     "float64_large_mean": ("2d", 3, [3, 2, 4], (4, 5), {"dtype": torch.float64, "loc": 1e4, "steps": 2}),
+    # Means of -1e30 (1e3 std): n * mean, the squared deviations and the running variance (~1e53) stay exact.
+    "float64_extreme_mean": ("1d", 3, [3, 0, 4], (5,), {"dtype": torch.float64, "loc": -1e30, "scale": 1e27}),
     "float32_large_mean": ("2d", 3, [4, 4, 4], (6, 6), {"loc": 1e4, "steps": 2}),
     "bfloat16": ("2d", 4, [2, 3, 1], (5, 5), {"dtype": torch.bfloat16, "steps": 2}),
     "float16": ("2d", 4, [2, 3, 1], (5, 5), {"dtype": torch.float16}),

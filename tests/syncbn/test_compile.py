@@ -13,9 +13,9 @@ O(1) values); 1e-9 relative / 1e-11 absolute is far above that and far below wha
 gradient gives (>= 1e-3).
 
 Also checked: no graph breaks, one graph per phase over all steps (no recompilation) where the
-shapes stay the same, and that the compiled graphs hold exactly one all_reduce (and one exact-or-gather
-merge) per SyncBN layer in the forward and one all_reduce per layer in the backward (the eager counter, collectives.call_counts,
-is not incremented by compiled code, so the graphs themselves are counted).
+shapes stay the same, and that the compiled graphs hold exactly two all_reduces per SyncBN layer in the forward and
+one per layer in the backward, no all_gather and no host read (the eager counter, collectives.call_counts, is not
+incremented by compiled code, so the graphs themselves are counted).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d, collectives
+from src.syncbn import SyncBatchNorm1d, SyncBatchNorm2d
 from tests.support.gloo import run_on_ranks
 
 # Inductor compiles on 2 processes: minutes, so the run is part of make test, not the make test-fast loop.
@@ -38,8 +38,8 @@ TOL = dict(rtol=1e-9, atol=1e-11)
 SYNCBN_LAYERS = 4  # in Net
 GATHER = "_c10d_functional.all_gather_into_tensor"
 REDUCE = "_c10d_functional.all_reduce"
-MERGE = "synctrain.merge_exchanged_stats"  # the exact-or-gather decision (the fallback's all_gather runs inside it)
-CHECK = "synctrain.require_more_than_one_value"
+CHECK = "synctrain.require_more_than_one_value"  # the one-value check, the one operator that reads the host
+HOST_READ = "aten._local_scalar_dense"
 
 # name -> (backend, per-step per-rank batch sizes, how many graphs Dynamo may build over the steps)
 PHASES = {
@@ -84,8 +84,13 @@ class Net(nn.Module):
 
 
 def _graph_recorder(graphs: dict[str, list[str]]) -> Any:
-    """aot_eager that also keeps the forward and backward graphs' code, to count their collectives."""
-    from functorch.compile import make_boxed_func
+    """aot_eager that also keeps the forward and backward graphs' code, to count their collectives.
+
+    With Inductor's partitioner (min-cut): aot_eager's default one copies into the backward graph every node it can
+    recompute from saved tensors and keeps those it may not drop, so there the backward re-runs each layer's
+    statistics chain up to its first all_reduce (which Dynamo treats as a side effect) and discards the result.
+    """
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     def keep(kind: str):
@@ -94,7 +99,8 @@ def _graph_recorder(graphs: dict[str, list[str]]) -> Any:
             return make_boxed_func(gm.forward)
         return compiler
 
-    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                        partition_fn=min_cut_rematerialization_partition)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, g: torch.Tensor) -> dict:
@@ -132,16 +138,11 @@ def run_phases(rank: int, world: int, payload: dict) -> dict[str, Any]:
         with torch._inductor.config.patch(INDUCTOR_CONFIG.get(name, {})):
             for s, step in enumerate(payload["data"][name]):
                 x, g = step["x"][rank].to(device), step["g"][rank].to(device)
-                gathers = collectives.call_counts["all_gather"]  # the merge's fallback, counted when it runs
                 if backend_name == "inductor" and s == 0:  # keep the generated code of the first step
                     rec, graphs["inductor"] = run_and_get_code(_step, compiled, opt_c, x, g)
                 else:
                     rec = _step(compiled, opt_c, x, g)
-                rec["gathers"] = collectives.call_counts["all_gather"] - gathers
-                gathers = collectives.call_counts["all_gather"]
-                rec_e = _step(eager, opt_e, x, g)
-                rec_e["gathers"] = collectives.call_counts["all_gather"] - gathers
-                steps.append({"compiled": rec, "eager": rec_e})
+                steps.append({"compiled": rec, "eager": _step(eager, opt_e, x, g)})
         out[name] = {"steps": steps, "graphs": graphs, "unique_graphs": counters["stats"]["unique_graphs"],
                      "graph_breaks": dict(counters["graph_break"])}
     out["one_value"] = _one_value_in_group(device, rank)
@@ -163,8 +164,7 @@ def _data(world: int) -> dict[str, list[dict]]:
     gen = torch.Generator().manual_seed(12)
     data = {}
     for name, (_, sizes, _) in PHASES.items():
-        # aot_uneven's inputs sit 1e4 from zero (as raw pixels do): the first layer's step 0 takes the merge
-        # operator's gather branch (K = 0 is far from its mean), its later steps the all_reduce's.
+        # aot_uneven's inputs sit 1e4 from zero (as raw pixels do): far from the exchange's origin.
         loc = 1e4 if name == "aot_uneven" else 0.0
         data[name] = [{"x": [loc + torch.randn(n, 3, 8, 8, generator=gen, dtype=torch.float64) for n in per_rank],
                        "g": [torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in per_rank]}
@@ -201,11 +201,6 @@ def test_compiled_equals_eager(results: list[dict], phase: str) -> None:
                 torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{where} grad of parameter {i}: {m}")
             for i, (a, b) in enumerate(zip(got["buffers"], want["buffers"], strict=True)):
                 torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{where} buffer {i}: {m}")
-            # The exchange falls back to the gather on the same layers and steps as in eager (inside the compiled
-            # graph's merge operator); aot_uneven's first layer does at step 0.
-            assert got["gathers"] == want["gathers"], f"{where}: {got['gathers']} != {want['gathers']} gathers"
-            if phase == "aot_uneven" and s == 0:
-                assert got["gathers"] >= 1, where
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
@@ -217,25 +212,31 @@ def test_fullgraph_without_breaks_or_recompiles(results: list[dict], phase: str)
             f"{phase} rank {rank}: {res[phase]['unique_graphs']} graphs for {len(res[phase]['steps'])} steps"
 
 
+def _checks_expected(phase: str, rank: int) -> int:
+    """One-value checks a rank's forward graph holds: one per layer where its batch is empty (it holds at most one
+    value per channel, so it reads the global count), none where it holds more."""
+    return SYNCBN_LAYERS if PHASES[phase][1][0][rank] == 0 else 0
+
+
 @pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "aot_eager"])
-def test_graphs_hold_one_collective_per_layer_each_way(results: list[dict], phase: str) -> None:
+def test_graphs_hold_two_collectives_per_layer_forward_one_backward(results: list[dict], phase: str) -> None:
     for rank, res in enumerate(results):
         graphs = res[phase]["graphs"]
         assert graphs["forward"] and len(graphs["forward"]) == len(graphs["backward"])
         for fw, bw in zip(graphs["forward"], graphs["backward"]):
-            counts = (_count(fw, GATHER), _count(fw, REDUCE), _count(fw, MERGE))
-            assert counts == (0, SYNCBN_LAYERS, SYNCBN_LAYERS), f"{phase} rank {rank} forward"
+            assert (_count(fw, GATHER), _count(fw, REDUCE)) == (0, 2 * SYNCBN_LAYERS), f"{phase} rank {rank} forward"
             assert (_count(bw, GATHER), _count(bw, REDUCE)) == (0, SYNCBN_LAYERS), f"{phase} rank {rank} backward"
-            # On more than one rank the "one value per channel" check runs inside the merge operator.
-            assert _count(fw, CHECK) == 0, f"{phase} rank {rank}"
+            # No host read in the graphs, and the one-value check (an operator that reads inside) only on an empty rank.
+            assert (_count(fw, CHECK), _count(bw, CHECK)) == (_checks_expected(phase, rank), 0), f"{phase} rank {rank}"
+            assert (_count(fw, HOST_READ), _count(bw, HOST_READ)) == (0, 0), f"{phase} rank {rank}"
 
 
 @pytest.mark.parametrize("phase", [p for p, (backend, _, _) in PHASES.items() if backend == "inductor"])
 def test_inductor_code_keeps_every_collective(results: list[dict], phase: str) -> None:
     for rank, res in enumerate(results):
         code = "\n".join(res[phase]["graphs"]["inductor"])
-        counts = (_count(code, GATHER, True), _count(code, REDUCE, True), _count(code, MERGE, True))
-        assert counts == (0, 2 * SYNCBN_LAYERS, SYNCBN_LAYERS), f"{phase} rank {rank}"
+        counts = (_count(code, GATHER, True), _count(code, REDUCE, True), _count(code, CHECK, True))
+        assert counts == (0, 3 * SYNCBN_LAYERS, _checks_expected(phase, rank)), f"{phase} rank {rank}"
 
 
 def test_one_value_in_the_whole_group_raises_on_every_rank(results: list[dict]) -> None:

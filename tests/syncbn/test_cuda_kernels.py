@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from src.syncbn.extension import load_extension
+from tests.syncbn import precision_cases as pc
 from tests.syncbn import reference_ops as ref
-from tests.syncbn.cuda_cases import (ACC_TOL, BACKENDS, CASE_IDS, CASES, DTYPES, EPS, H100, OUT_TOL, acc_of, affine,
-                                     close, load_backend, make, one_intraop_thread, to_cpu)
+from tests.syncbn.cuda_cases import (ACC_TOL, BACKENDS, CASE_IDS, CASES, DTYPES, EPS, H100, ORIN1, OUT_TOL, acc_of,
+                                     affine, close, load_backend, make, one_intraop_thread, to_cpu)
 
 
 # (input dtype, affine parameters): none, in the input dtype, or fp32 with a 16-bit input (AMP).
@@ -103,6 +104,27 @@ def test_stats_large_mean(kb, layout, dtype):
     tol = 1e-10 if dtype == torch.float64 else 1e-3  # fp32 spacing near 1e4 is ~1e-3 of a std
     torch.testing.assert_close(out[1:1 + c], exp[1:1 + c], rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0.0)
     torch.testing.assert_close(out[1 + c:], exp[1 + c:], rtol=tol, atol=0.0)
+
+
+@pytest.fixture(scope="module", params=[p for p in BACKENDS if p.values[0] != "emulated-reverse"])
+def kb_forward(request):
+    """As kb, without the reverse schedule: for arithmetic that does not depend on the order threads run in."""
+    backend = load_backend(request.param)
+    with one_intraop_thread():
+        yield backend
+    backend.release()
+
+
+@pytest.mark.parametrize("device", [ORIN1, H100], ids=["orin-sm1", "h100"])
+@pytest.mark.parametrize("layout,dtype,ratio", pc.CASES, ids=pc.CASE_IDS)
+def test_variance_as_precise_as_torch_var_mean(kb_forward, layout, dtype, ratio, device):
+    """Every layout, |mean| / std up to 1e6: within 10x of torch.var_mean's float32 error (precision_cases.py).
+    On one SM each thread folds many chunks; on an H100 the blocks split the rows and a second kernel merges."""
+    kb = kb_forward
+    kb.use(device)
+    x = pc.make(layout, dtype, ratio).to(kb.device)
+    ours, theirs = pc.variance_errors(kb.ops.batch_norm_stats(x), x)
+    assert ours <= 10 * theirs, f"variance relative error {ours:.3g}, torch.var_mean's {theirs:.3g}"
 
 
 @pytest.mark.parametrize("shape,layout", [((0, 8, 4, 4), "contiguous"), ((0, 8, 4, 4), "channels_last"),
@@ -221,43 +243,53 @@ def test_gather_stats_skips_empty_rows_and_all_empty(kb):
     assert (rm == 1).all() and (rv == 1).all()
 
 
+@pytest.mark.parametrize("loc,scale", [(3.0, 1.0), (1e30, 1e24), (-1e12, 1e-3)], ids=["3", "1e30", "-1e12"])
 @pytest.mark.parametrize("channels", [3, 129])
-def test_shift_and_unshift_stats(kb, cpu_ops, channels):
-    """The forward's all_reduce exchange: shifted sums of 3 ranks (one empty) summed as the all_reduce would,
-    unshifted to the whole batch's [n, mean, M2] where K is near the mean, flagged where it is not; CUDA == CPU."""
+def test_exchange_ops_are_the_gathers_merge(kb, cpu_ops, channels, loc, scale):
+    """The forward's all_reduce exchange on 3 ranks (one empty), its sums taken as an all_reduce would: the same
+    mean, invstd, count and running statistics as batch_norm_gather_stats of the same rows (the same terms, added
+    in the same order here: equal but for a compiler's fused multiply-adds, 1e-15), at any magnitude; CUDA == CPU."""
     kb.use(H100)
     dev = kb.device
-    x = make((7, channels, 5), "contiguous", torch.float64, dev, loc=3.0)
+    x = make((7, channels, 5), "contiguous", torch.float64, dev, loc=loc, scale=scale)
     parts = [x[:3], x[3:3], x[3:]]  # the middle rank is empty
     stats = [kb.ops.batch_norm_stats(p) for p in parts]
-    flat = x.transpose(0, 1).reshape(channels, -1).cpu()
-    mean, m2 = flat.mean(1), ((flat - flat.mean(1, keepdim=True)) ** 2).sum(1)
-    near = (mean + 0.5).to(dev)  # half a unit from the mean: no cancellation
-    far = near.clone()
-    far[0] = 1e12  # 1e12 std away: S2 / M2 ~ 1e25, far past any ratio the forward accepts
-    for shift, exact_first in ((near, True), (far, False)):
-        sums = [kb.ops.batch_norm_shift_stats(st, shift) for st in stats]
-        cpu_sums = [cpu_ops.batch_norm_shift_stats(st.cpu(), shift.cpu()) for st in stats]
-        for a, b in zip(sums, cpu_sums):
-            torch.testing.assert_close(a.cpu(), b, rtol=1e-15, atol=0)
-        assert not sums[1].any()  # an empty rank adds exact zeros
-        total = sums[0] + sums[1] + sums[2]
-        row, exact = kb.ops.batch_norm_unshift_stats(total, shift, 1e8)
-        c_row, c_exact = cpu_ops.batch_norm_unshift_stats(total.cpu(), shift.cpu(), 1e8)
-        assert exact.cpu().tolist() == c_exact.tolist() == [exact_first] + [True] * (channels - 1)
-        keep = torch.cat([torch.tensor([True]), c_exact, c_exact])  # a flagged channel's M2 is cancellation noise
-        torch.testing.assert_close(row.cpu()[keep], c_row[keep], rtol=1e-15, atol=0)
-        assert float(row[0]) == x.shape[0] * 5
-        ok = slice(1, channels)  # channels with K near the mean: the whole batch's statistics
-        torch.testing.assert_close(row[1:1 + channels].cpu()[ok], mean[ok], rtol=1e-14, atol=0)
-        torch.testing.assert_close(row[1 + channels:].cpu()[ok], m2[ok], rtol=1e-13, atol=0)
-    # An all-empty group is exact (zeros); a NaN or negative count is not (the gather then decides).
-    for n, want in ((0.0, True), (float("nan"), False), (-1.0, False)):
-        sums = torch.zeros(2 * channels + 1, dtype=torch.float64, device=dev)
-        sums[0] = n
-        row, exact = kb.ops.batch_norm_unshift_stats(sums, near, 1e8)
-        assert exact.cpu().tolist() == [want] * channels
-        assert not row[1:].any()
+    sums = [kb.ops.batch_norm_mean_sums(st) for st in stats]
+    assert not sums[1].any()  # an empty rank adds exact zeros
+    total = sums[0] + sums[1] + sums[2]
+    devs = [kb.ops.batch_norm_deviation_sums(st, total) for st in stats]
+    assert not devs[1].any()
+    for st, sm, dv in zip(stats, sums, devs):
+        torch.testing.assert_close(sm.cpu(), cpu_ops.batch_norm_mean_sums(st.cpu()), rtol=0, atol=0)
+        torch.testing.assert_close(dv.cpu(), cpu_ops.batch_norm_deviation_sums(st.cpu(), total.cpu()), rtol=1e-15,
+                                   atol=0)
+    m2 = devs[0] + devs[1] + devs[2]
+    for acc_double, momentum in ((True, 0.1), (False, -1.0)):
+        run = [torch.full((channels,), 2.0, device=dev), torch.full((channels,), 3.0, device=dev)]
+        gathered_run = [t.clone() for t in run]
+        nbt = torch.tensor(4, device=dev)
+        got = kb.ops.batch_norm_reduced_stats(total, m2, *run, nbt, momentum, EPS, acc_double)
+        want = kb.ops.batch_norm_gather_stats(torch.stack(stats), *gathered_run, nbt, momentum, EPS, acc_double)
+        cpu_run = [torch.full((channels,), 2.0), torch.full((channels,), 3.0)]
+        cpu = cpu_ops.batch_norm_reduced_stats(total.cpu(), m2.cpu(), *cpu_run, nbt.cpu(), momentum, EPS, acc_double)
+        for a, b, c in zip([*got, *run], [*want, *gathered_run], [*cpu, *cpu_run]):
+            torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
+            # The CPU op rounds float32 running statistics twice (mul_, add_), the kernel once.
+            torch.testing.assert_close(a.cpu(), c, rtol=1e-15 if a.dtype == torch.float64 else 2.0**-22, atol=0)
+    # An all-empty group: zeros, no update; a NaN or negative count (a caller bug): NaN on the device, an error on
+    # the CPU.
+    zeros = torch.zeros(channels + 1, dtype=torch.float64, device=dev)
+    rm, rv = torch.ones(channels, device=dev), torch.ones(channels, device=dev)
+    mean, invstd, count = kb.ops.batch_norm_reduced_stats(zeros, zeros[1:], rm, rv, None, 0.1, EPS, False)
+    assert float(count) == 0 and not mean.any() and not invstd.any() and (rm == 1).all() and (rv == 1).all()
+    assert not kb.ops.batch_norm_deviation_sums(stats[0], zeros).any()
+    for n in (float("nan"), -1.0):
+        bad = zeros.clone()
+        bad[0] = n
+        mean, invstd, count = kb.ops.batch_norm_reduced_stats(bad, zeros[1:], rm, rv, None, 0.1, EPS, False)
+        assert mean.isnan().all() and invstd.isnan().all() and count.isnan() and (rm == 1).all()
+    with pytest.raises(RuntimeError, match="counts must be >= 0"):
+        cpu_ops.batch_norm_reduced_stats(bad.cpu(), zeros[1:].cpu(), None, None, None, 0.1, EPS, False)
 
 
 @pytest.mark.parametrize("dtype,mode", AFFINE)

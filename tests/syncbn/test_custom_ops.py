@@ -57,17 +57,15 @@ def test_opcheck(ops: functions.KernelOps, case: str) -> None:
     rm, rv, nbt = torch.zeros(c, dtype=w.dtype), torch.ones(c, dtype=w.dtype), torch.tensor(3)
     mean, invstd, count = ops.batch_norm_gather_stats(gathered, None, None, None, 0.1, 1e-5, acc_double)
     reduced = ops.batch_norm_backward_reduce(dy, x, mean, invstd)
-    shift = torch.randn(c, dtype=torch.float64)
-    sums = ops.batch_norm_shift_stats(local, shift)
-    row, exact = ops.batch_norm_unshift_stats(sums, shift, 1e6)
-    assert bool(exact.all())  # one rank's sums around K ~ N(0, 1): far from cancelling
+    sums = ops.batch_norm_mean_sums(gathered[0]) + ops.batch_norm_mean_sums(gathered[1])  # the first all_reduce
+    m2 = ops.batch_norm_deviation_sums(gathered[0], sums) + ops.batch_norm_deviation_sums(gathered[1], sums)
     checks = [
         (ops.batch_norm_stats, (x,)),
-        (ops.batch_norm_shift_stats, (local, shift)),
-        (ops.batch_norm_unshift_stats, (sums, shift, 1e6)),
-        # The exact branch (the gather's needs a process group): merges the row, updates running stats and K.
-        (functions._merge_exchanged_op, (row, exact, local, shift.clone(), rm, rv, nbt, 0.1, 1e-5, acc_double, "", 2,
-                                         list(shape))),
+        (ops.batch_norm_mean_sums, (local,)),
+        (ops.batch_norm_deviation_sums, (local, sums)),
+        (ops.batch_norm_reduced_stats, (sums, m2, rm, rv, nbt, 0.1, 1e-5, acc_double)),
+        (ops.batch_norm_reduced_stats, (sums, m2, rm, rv, nbt, -1.0, 1e-5, acc_double)),  # cumulative average
+        (ops.batch_norm_reduced_stats, (sums, m2, None, None, None, 0.1, 1e-5, acc_double)),
         (ops.batch_norm_gather_stats, (gathered, rm, rv, nbt, 0.1, 1e-5, acc_double)),
         (ops.batch_norm_gather_stats, (gathered, rm, rv, nbt, -1.0, 1e-5, acc_double)),  # cumulative average
         (ops.batch_norm_gather_stats, (gathered, None, None, None, 0.1, 1e-5, acc_double)),
@@ -84,10 +82,15 @@ def test_opcheck(ops: functions.KernelOps, case: str) -> None:
 def test_one_value_check_is_an_operator() -> None:
     # Rows of [count, mean, M2] for C = 1: 2 values in the group pass, 1 value raises.
     rows = torch.tensor([[2.0, 0.5, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    torch.library.opcheck(functions._require_more_than_one_value, (rows, [2, 1]))
+    torch.library.opcheck(functions._require_more_than_one_value, (rows, [2, 1], 2))
     one = torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
     with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
-        functions._require_more_than_one_value(one, [1, 1])
+        functions._require_more_than_one_value(one, [1, 1], 2)
+    # The all_reduce exchange's [N, sum n*mean]: the same check on its one row.
+    torch.library.opcheck(functions._require_more_than_one_value, (torch.tensor([2.0, 1.0], dtype=torch.float64),
+                                                                  [2, 1], 2))
+    with pytest.raises(ValueError, match="1 value per channel in the whole group of 2"):
+        functions._require_more_than_one_value(torch.tensor([1.0, 0.5], dtype=torch.float64), [1, 1], 2)
 
 
 def test_only_the_running_statistics_are_declared_mutable(ops: functions.KernelOps) -> None:
@@ -96,7 +99,9 @@ def test_only_the_running_statistics_are_declared_mutable(ops: functions.KernelO
         for name in OP_NAMES
     }
     assert written == {"batch_norm_stats": [], "batch_norm_gather_stats": ["running_mean", "running_var"],
-                       "batch_norm_shift_stats": [], "batch_norm_unshift_stats": [], "batch_norm_elemt": [], "batch_norm_backward_reduce": [], "batch_norm_backward_elemt": []}
+                       "batch_norm_mean_sums": [], "batch_norm_deviation_sums": [],
+                       "batch_norm_reduced_stats": ["running_mean", "running_var"], "batch_norm_elemt": [],
+                       "batch_norm_backward_reduce": [], "batch_norm_backward_elemt": []}
 
 
 def test_ops_live_in_the_loaded_variants_namespace(ops: functions.KernelOps) -> None:

@@ -54,7 +54,7 @@ def _subgroup_cases() -> list[dict]:
     # A group of one rank: plain batch norm, and no collective at all.
     singles = make_case("singles", "2d", 3, [[(2, 3, 4, 4), (3, 3, 4, 4), (2, 3, 4, 4), (5, 3, 4, 4)]],
                         group="single", seed=9)
-    # The whole group of 4: one all_reduce of 2C+1 values per forward, as at 2 and 3 ranks.
+    # The whole group of 4: two all_reduces bringing 2C+1 values per forward, as at 2 and 3 ranks.
     world4 = make_case("world4", "2d", 3, [[(2, 3, 4, 4), (0, 3, 4, 4), (3, 3, 4, 4), (1, 3, 4, 4)]] * 2, seed=10)
     return [pairs, pairs_cl, singles, world4]
 

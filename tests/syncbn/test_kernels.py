@@ -15,6 +15,7 @@ import torch
 
 from src.syncbn.extension import load_extension
 from tests.support import process_state
+from tests.syncbn import precision_cases as pc
 from tests.syncbn import reference_ops as ref
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -128,6 +129,14 @@ def test_large_mean_variance_is_stable(ops, layout, dtype):
     rel = ((var_ours - var_ref).abs() / var_ref).max().item()
     assert rel < (1e-5 if dtype == torch.float32 else 1e-12), rel
     torch.testing.assert_close(ours[1 : 1 + c], theirs[1 : 1 + c], rtol=1e-9, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout,dtype,ratio", pc.CASES, ids=pc.CASE_IDS)
+def test_variance_as_precise_as_torch_var_mean(ops, layout, dtype, ratio):
+    """Every layout, |mean| / std up to 1e6: within 10x of torch.var_mean's float32 error (precision_cases.py)."""
+    x = pc.make(layout, dtype, ratio)
+    ours, theirs = pc.variance_errors(ops.batch_norm_stats(x), x)
+    assert ours <= 10 * theirs, f"variance relative error {ours:.3g}, torch.var_mean's {theirs:.3g}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives, configure_sync
+from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives
 from src.syncbn.functions import kernel_memory_format
 
 pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
@@ -237,13 +237,19 @@ def test_training_step_never_syncs_with_the_host_on_cuda() -> None:
     assert layer.num_batches_tracked.item() == 2
 
 
-def test_sync_shift_stays_out_of_the_state_dict_and_is_zeroed_where_ranks_could_diverge() -> None:
-    """K of the all_reduce exchange: not a buffer (keys stay nn.BatchNorm's); zeroed by everything that could leave
-    it different between ranks (to_empty's uninitialised memory, a moved or cast layer, a reset, a new group)."""
+def test_the_layer_keeps_no_tensor_state_beyond_batchnorms() -> None:
+    """Nothing the exchange uses is kept between steps: no tensor outside nn.BatchNorm2d's parameters and buffers, so
+    nothing ranks could come to disagree on (a cast, move or reset on one rank only changes only what it changes
+    in nn.BatchNorm too)."""
+    layer, reference = SyncBatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    layer(torch.randn(4, 3, 2, 2))
+    assert layer.state_dict().keys() == reference.state_dict().keys()
+    held = {name for name, value in vars(layer).items() if isinstance(value, torch.Tensor)}
+    assert held == {name for name, value in vars(reference).items() if isinstance(value, torch.Tensor)} == set()
+
+
+def test_an_unknown_exchange_is_refused() -> None:
     layer = SyncBatchNorm2d(3)
-    assert "sync_shift" not in layer.state_dict() and "sync_shift" not in dict(layer.named_buffers())
-    for change in (lambda m: m.to_empty(device="cpu"), lambda m: m.to(torch.float32), lambda m: m.reset_running_stats(),
-                   lambda m: configure_sync(m, group_size=2)):
-        layer.sync_shift.fill_(7.0)
-        change(layer)
-        assert layer.sync_shift.shape == (3,) and not layer.sync_shift.any()
+    layer.exchange = "broadcast"
+    with pytest.raises(ValueError, match=r"exchange='broadcast': expected one of \('all_reduce', 'all_gather'\)"):
+        layer(torch.randn(4, 3, 2, 2))

@@ -36,12 +36,12 @@ def test_selfcheck_passes_on_the_emulated_build(caplog):
 
     with one_intraop_thread():
         report = selfcheck.run_selfcheck(load_emulated_cuda_extension("h100"), "cpu", device_name="emulated h100")
-    # per case x dtype: stats and shifted sums per rank, 5 gather outputs, the unshifted row and its flags,
+    # per case x dtype: stats, mean sums and deviation sums per rank, 5 gather outputs, 5 reduced_stats outputs,
     # elemt + backward_reduce + backward_elemt per rank
-    per_dtype = sum(4 * len(c.ranks) + 7 + len(c.ranks) for c in sc.CASES)
+    per_dtype = sum(6 * len(c.ranks) + 10 for c in sc.CASES)
     assert report.comparisons == per_dtype * len(sc.DTYPES)
     line = report.summary()
-    for part in ("7 ops x 4 cases", "float32, float16, bfloat16, float64", "2x4x128x128-contiguous-ranks1+1",
+    for part in ("8 ops x 4 cases", "float32, float16, bfloat16, float64", "2x4x128x128-contiguous-ranks1+1",
                  "against float64"):
         assert part in line, line
 

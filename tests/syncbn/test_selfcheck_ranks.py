@@ -51,7 +51,7 @@ def test_device_cases_reach_their_branches_and_pass(small_emu):
     small_emu.record_launches(True)
     report = selfcheck.run_selfcheck(small_emu, "cpu", cases=(split_n, unroll), dtypes=sc.DTYPES)
     launches = small_emu.launches()
-    per_dtype = sum(4 * len(c.ranks) + 7 + len(c.ranks) for c in (split_n, unroll))
+    per_dtype = sum(6 * len(c.ranks) + 10 for c in (split_n, unroll))  # as in test_selfcheck.py
     assert report.comparisons == per_dtype * len(sc.DTYPES)
     first = [r for r in launches if "stats_channels_first_kernel" in r["kernel"]]
     last = [r for r in launches if "stats_channels_last_kernel" in r["kernel"]]
@@ -99,8 +99,9 @@ def _broken(ops, how: str):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (pretend)")
 
     return SimpleNamespace(batch_norm_stats=ops.batch_norm_stats, batch_norm_gather_stats=ops.batch_norm_gather_stats,
-                           batch_norm_shift_stats=ops.batch_norm_shift_stats,
-                           batch_norm_unshift_stats=ops.batch_norm_unshift_stats,
+                           batch_norm_mean_sums=ops.batch_norm_mean_sums,
+                           batch_norm_deviation_sums=ops.batch_norm_deviation_sums,
+                           batch_norm_reduced_stats=ops.batch_norm_reduced_stats,
                            batch_norm_elemt=elemt if how == "raises" else ops.batch_norm_elemt,
                            batch_norm_backward_reduce=backward_reduce if how == "wrong"
                            else ops.batch_norm_backward_reduce,

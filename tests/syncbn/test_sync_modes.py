@@ -117,7 +117,7 @@ def _check(case: dict, got: list[list[dict]], synced: list[bool]) -> None:
             rec, exp = got[rank][s], ref[rank][s]
             for key in ("y", "dx", "rm", "rv"):
                 torch.testing.assert_close(rec[key], exp[key], rtol=TOL, atol=TOL, msg=lambda m: f"{where} {key}: {m}")
-            assert collective_calls(rec["fwd_calls"]) == {"all_gather": 0, "all_reduce": int(sync)}, where
+            assert collective_calls(rec["fwd_calls"]) == {"all_gather": 0, "all_reduce": 2 * int(sync)}, where
             assert collective_calls(rec["bwd_calls"]) == {"all_gather": 0, "all_reduce": int(sync)}, where
         for key in ("dw", "db"):  # local parameter grads: their sum is the global grad when synchronised
             if sync:
@@ -148,7 +148,7 @@ def test_backward_follows_each_forward(results: tuple) -> None:
     case = cases["two_forwards"]
     ref = _oracle(case, [True, False])
     for rank, rec in enumerate(got):
-        assert collective_calls(rec["two_forwards"]["fwd"]) == {"all_gather": 0, "all_reduce": 1}
+        assert collective_calls(rec["two_forwards"]["fwd"]) == {"all_gather": 0, "all_reduce": 2}
         assert collective_calls(rec["two_forwards"]["bwd"]) == {"all_gather": 0, "all_reduce": 1}  # only forward 0's backward
         for i in (0, 1):
             torch.testing.assert_close(rec["two_forwards"]["y"][i], ref[rank][i]["y"], rtol=TOL, atol=TOL)

@@ -1,0 +1,52 @@
+"""Per-rank statistics at large |mean| / std, in every layout: the cases and the yardstick, shared by the CPU kernel
+tests (test_kernels.py), the CUDA kernel tests (test_cuda_kernels.py) and scripts/bench_syncbn_precision.py.
+
+The yardstick is PyTorch's own float32 `torch.var_mean` on the very same values (on the CPU it accumulates in
+float64 and rounds once to float32): our variance's relative error against float64 must stay within 10x of
+its error, taking for the latter at least float32's half unit in the last place, 2^-24 (its result is a float32:
+a channel where it happens to land closer says nothing about the arithmetic).
+
+float32 data go up to |mean| / std = 1e6, where the values' own float32 spacing is ~0.1 std. A 16-bit type holds
+a spread only up to |mean| / std of about 2^8 (bfloat16) or 2^11 (float16): beyond that every value rounds to
+the mean. So they go to 1e2 and 1e3.
+"""
+from __future__ import annotations
+
+import torch
+
+# name -> (shape, memory format): every layout the kernels walk.
+LAYOUTS = {
+    "nc": ((4096, 6), torch.contiguous_format),
+    "ncl": ((40, 6, 50), torch.contiguous_format),
+    "nchw": ((2, 4, 96, 96), torch.contiguous_format),
+    "channels_last": ((12, 16, 14, 14), torch.channels_last),
+    "channels_last_3d": ((4, 8, 6, 8, 8), torch.channels_last_3d),
+}
+RATIOS = {torch.float32: (1.0, 1e2, 1e4, 3e4, 1e6), torch.bfloat16: (1.0, 1e2), torch.float16: (1.0, 1e3)}
+CASES = [(layout, dtype, ratio) for layout in LAYOUTS for dtype, ratios in RATIOS.items() for ratio in ratios]
+CASE_IDS = [f"{layout}-{str(dtype)[6:]}-{ratio:g}" for layout, dtype, ratio in CASES]
+
+
+def make(layout: str, dtype: torch.dtype, ratio: float, scale: float = 1.0) -> torch.Tensor:
+    """ratio + N(0, 1) (every channel shifted by its index, alternate channels negative), times `scale`."""
+    shape, fmt = LAYOUTS[layout]
+    gen = torch.Generator().manual_seed(int(ratio) % 1000 + len(shape))
+    sign = torch.tensor([(-1.0) ** c for c in range(shape[1])], dtype=torch.float64).view([1, -1] + [1] * (len(shape) - 2))
+    chan = torch.arange(shape[1], dtype=torch.float64).view(sign.shape)
+    x = sign * (ratio + chan + torch.randn(shape, generator=gen, dtype=torch.float64)) * scale
+    return x.to(dtype).contiguous(memory_format=fmt)
+
+
+def variance_errors(stats: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
+    """(max relative error over the channels of batch_norm_stats' biased variance, the same of torch.var_mean in
+    float32 floored at 2^-24), both against float64 on the same values."""
+    c = x.shape[1]
+    dims = [0, *range(2, x.dim())]
+    x64 = x.double().cpu()
+    truth = x64.var(dim=dims, unbiased=False)
+    assert (truth > 0).all(), "a case must keep a spread in its dtype"
+    stats = stats.double().cpu()
+    ours = stats[1 + c:] / stats[0]
+    theirs, _ = torch.var_mean(x.float().cpu(), dim=dims, unbiased=False)
+    rel = lambda v: float(((v.double() - truth).abs() / truth).max())  # noqa: E731
+    return rel(ours), max(rel(theirs), 2.0**-24)
