@@ -340,3 +340,22 @@ def test_preflight_names_everything_missing_before_building(fake_gpu_machine, tm
     assert report["complete"] is False and "the preflight found 4 missing piece(s)" in report["reason"]
     assert report["steps"][0]["step"] == "preflight" and report["steps"][0]["status"] == "failed"
     assert "Python.h" in report["steps"][0]["note"]
+
+
+# --- scripts/gpu_train_compare.py's own handling (its training needs a GPU) ---------------------------------
+
+def test_train_compare_keeps_the_callers_pythonpath(monkeypatch):
+    from scripts import gpu_train_compare
+
+    monkeypatch.setenv("PYTHONPATH", f"/carried/site:{REPO}")
+    assert gpu_train_compare.child_env()["PYTHONPATH"] == f"{REPO}:/carried/site"
+
+
+def test_train_compare_reports_a_run_past_its_timeout(tmp_path):
+    """torchrun cannot start training within 0.5 s: the run is ended and reported "timed out", not raised."""
+    from scripts import gpu_train_compare
+
+    t0 = time.monotonic()
+    assert gpu_train_compare.run_training("syncbn", tmp_path / "run", 1, 1, 0.5) == "timed out"
+    assert time.monotonic() - t0 < 20
+    assert (tmp_path / "run.log").is_file()
