@@ -359,3 +359,17 @@ def test_train_compare_reports_a_run_past_its_timeout(tmp_path):
     assert gpu_train_compare.run_training("syncbn", tmp_path / "run", 1, 1, 0.5) == "timed out"
     assert time.monotonic() - t0 < 20
     assert (tmp_path / "run.log").is_file()
+
+
+def test_the_loader_benchmark_runs_every_mode(tmp_path):
+    """scripts/bench_loader.py (gpu-check's bench_loader step, there on a GPU) on a few images on the CPU."""
+    out = tmp_path / "loader.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_loader.py", "--images", "16", "--side", "64", "--crop",
+                           "48", "--batch-size", "8", "--workers", "0", "--rounds", "1", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["images_per_s"]) == {"float32 (workers normalise)", "uint8 (device_transforms)",
+                                           "bytes (decode_on_device)"}
+    assert all(rate > 0 for rate in result["images_per_s"].values())
+    assert result["bytes_per_batch"]["bytes (decode_on_device)"] < result["bytes_per_batch"]["uint8 (device_transforms)"]
