@@ -114,8 +114,9 @@ class SyncBatchNorm(_BatchNorm):
             )
 
         if input.is_cuda and input.device != self._checked_on and not torch.compiler.is_compiling():
-            # Our CUDA kernels' self-check, once per device and process, unless the trainer's gate ran it.
-            check_first_use(input.device)
+            # Our CUDA kernels' self-check, once per device and process (agreed on this layer's group), unless the
+            # trainer's gate ran it.
+            check_first_use(input.device, self.process_group, self.group_size)
             self._checked_on = input.device
         if self.eps <= 0.0:  # same check and words as F.batch_norm, which this path does not call
             raise ValueError(f"batch_norm eps must be positive during training, but got {self.eps}")
