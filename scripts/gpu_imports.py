@@ -35,7 +35,8 @@ GPU_NODE_PACKAGES = REPO / "scripts" / "gpu_node_packages.txt"
 ROOT_FILES = ("scripts/gpu_check_probe.py", "scripts/gpu_check_report.py", "scripts/gpu_occupancy.py",
               "scripts/bench_exchange_host.py", "scripts/bench_syncbn_cuda.py", "scripts/bench_loader.py",
               "scripts/gpu_train_compare.py", "train.py")
-ROOT_MODULES = ("src.syncbn.extension", "src.syncbn.selfcheck", "pytest", "pytest_timeout", "torch.distributed.run")
+ROOT_MODULES = ("src.syncbn.extension", "src.syncbn.selfcheck", "pytest", "pytest_timeout", "torch.distributed.run",
+                "pip")  # pip installs the carried wheels
 # Distributions gpu_check.sh needs for a program rather than an import: ninja drives the extension's build.
 TOOLS = ("ninja",)
 # The GPU node's Python: environment markers of requirements are evaluated for it.

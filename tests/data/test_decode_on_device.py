@@ -3,8 +3,8 @@ training process give bitwise the batches of the workers' decoding (PIL), same s
 recipe's augmentation; non-JPEG files and decode failures fall back to the CPU; bad settings are refused.
 The producer thread (prefetch(threaded=True), as the trainer runs it) gives the same batches, draws nothing
 from the training thread's global RNG, raises its errors in the training thread and stops with its loop.
-On CUDA, nvjpeg's pixels are not bitwise the CPU decoder's: only this CPU path can be checked bitwise
-(make gpu-check runs the `cuda` test here and scripts/bench_loader.py on a GPU)."""
+On CUDA, nvjpeg's pixels are not bitwise the CPU decoder's: only this CPU path can be checked bitwise (the
+`cuda` test here compares the GPU's batches with the CPU's within a few levels)."""
 from __future__ import annotations
 
 import threading

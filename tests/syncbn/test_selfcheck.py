@@ -1,7 +1,7 @@
 """The SyncBN CUDA self-check (src/syncbn/selfcheck.py): the same run_selfcheck a GPU user gets, here on the
 emulated build (it must pass) and on the deliberately faulty emulated variant (it must name the wrong op);
 and the gate around it (the modes, the on-disk memory), with the check itself stubbed so no GPU is needed.
-Only src.syncbn is imported: `make gpu-check` runs this file on a GPU node, which may lack Hydra (the
+Only src.syncbn is imported: the GPU check runs this file on a GPU node, which may lack Hydra (the
 trainer's side of the gate, norm.cuda_selfcheck and the fallback to nn.SyncBatchNorm: tests/models/
 test_norms_selfcheck.py)."""
 from __future__ import annotations
