@@ -1,6 +1,6 @@
 """`make gpu-check` (scripts/gpu_check.sh) off a GPU: it must stop at once, say why in its report, and exit 2;
-and, run against fake nvidia-smi / nvcc / compute-sanitizer / python executables (small shell scripts written
-here), its preflight, step order, caps, budget, timeouts, hard stop and report in every outcome, in at most
+and, run against fake nvidia-smi / nvcc / compute-sanitizer / python executables (small shell scripts:
+tests/support/gpu_fakes.py), its preflight, step order, caps, budget, timeouts, hard stop and report in every outcome, in at most
 three files. (shellcheck and `bash -n` of the script: tests/cluster/test_launch_scripts.py.)"""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import subprocess
 import sys
 import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.gpu_fakes import SCRIPT, fake_machine, wheel
+
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "gpu_check.sh"
 # The exchange benchmark is a step when its script is in the checkout, else reported "script missing".
 EXCHANGE = (REPO / "scripts" / "bench_exchange_host.py").is_file()
 STEPS = ["build", "selfcheck", "occupancy", "exchange_host", "kernel_tests", "sanitizer_memcheck",
@@ -30,92 +30,11 @@ DEFAULT_CAPS = {"build": 180, "selfcheck": 45, "occupancy": 20, "exchange_host":
                 "bench_loader": 60, "sanitizer_initcheck": 60, "sanitizer_synccheck": 60, "slow_tests": 150}
 OUT_FILES = ["logs.tar.gz", "report.json", "summary.txt"]
 
-# The fake python: the script's probe gets a GPU machine's answers (after FAKE_PROBE_SLEEP seconds); pip and
-# gpu_check_report.py run on the real interpreter; a step (GPU_CHECK_STEP in its environment) is logged with
-# its PYTHONPATH and what the carried-wheels folder holds, then takes FAKE_SECONDS' seconds for it, then
-# passes, fails (FAKE_FAIL), or sleeps (FAKE_SLOW; ignoring SIGTERM with FAKE_IGNORE_TERM=1, so only
-# timeout's KILL ends it).
-FAKE_PYTHON = r"""#!/bin/bash
-case "$1" in *gpu_check_report.py) exec "$REAL_PYTHON" "$@" ;; esac
-if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
-if [ -z "${GPU_CHECK_STEP:-}" ]; then
-  case "$*" in *gpu_check_probe.py*)
-    sleep "${FAKE_PROBE_SLEEP:-0}"
-    printf 'include=%s\npytest_timeout=1\nkind=%s\ntorch=2.11.0+cu130\ncuda=13.0\n' "$FAKE_INCLUDE" "${FAKE_KIND:-gpu}"
-    [ "${FAKE_KIND:-gpu}" = gpu ] && printf 'gpus=1\nname=Fake_H200\ncap=9.0\n' ;;
-  esac
-  exit 0
-fi
-site=${PYTHONPATH##*:}
-echo "$GPU_CHECK_STEP|nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-}|$*|PYTHONPATH=$PYTHONPATH|site=$(ls "$site" 2>/dev/null | tr '\n' ' ')" >>"$FAKE_LOG"
-if [ "$GPU_CHECK_STEP" = train_compare ]; then mkdir -p "$2" && echo '{"nproc": 1}' >"$2/train_compare.json"; fi
-if [ "$GPU_CHECK_STEP" = selfcheck ]; then echo '{"passed": true}' >"$4"; fi
-for kv in ${FAKE_SECONDS:-}; do [ "${kv%%=*}" = "$GPU_CHECK_STEP" ] && sleep "${kv#*=}"; done
-case " ${FAKE_FAIL:-} " in *" $GPU_CHECK_STEP "*) echo "FAILED tests/x.py::test_fake"; exit 1 ;; esac
-case " ${FAKE_SLOW:-} " in *" $GPU_CHECK_STEP "*)
-  echo $$ >"$FAKE_LOG.slowpid"
-  if [ "${FAKE_IGNORE_TERM:-0}" = 1 ]; then trap '' TERM; fi
-  exec sleep 60 ;;
-esac
-exit 0
-"""
-FAKE_NVIDIA_SMI = """#!/bin/sh
-if [ "${FAKE_NO_DRIVER:-0}" = 1 ]; then
-  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9
-fi
-[ "$1" = -L ] && { echo "GPU 0: Fake H200 (UUID: GPU-0)"; exit 0; }
-echo "| NVIDIA-SMI 580.00   Driver Version: 580.00   CUDA Version: 13.0 |"
-"""
-FAKE_NVCC = """#!/bin/sh
-echo "Cuda compilation tools, release ${FAKE_NVCC_RELEASE:-13.0}, V13.0.48"
-"""
-# compute-sanitizer: logged, then runs the program after its options.
-FAKE_SANITIZER = """#!/bin/sh
-echo "sanitizer|$*" >>"$FAKE_LOG"
-while [ "$1" != --error-exitcode ]; do shift; done
-shift 2
-exec "$@"
-"""
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-
-
-def _wheel(folder: Path) -> Path:
-    """A one-module pure-Python wheel (carried_probe), as make gpu-bundle would leave in .whl."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "carried_probe-1.0-py3-none-any.whl"
-    info = "carried_probe-1.0.dist-info"
-    with zipfile.ZipFile(path, "w") as whl:
-        whl.writestr("carried_probe.py", "VALUE = 1\n")
-        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: carried-probe\nVersion: 1.0\n")
-        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        whl.writestr(f"{info}/RECORD", "")
-    return path
-
 
 @pytest.fixture
 def fake_gpu_machine(tmp_path):
     """Fake executables and the environment that points the script at them; returns (env, out, log)."""
-    bin_dir, cuda = tmp_path / "bin", tmp_path / "cuda"
-    _write(bin_dir / "python", FAKE_PYTHON)
-    _write(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
-    _write(bin_dir / "ninja", "#!/bin/sh\nexit 0\n")
-    _write(cuda / "bin" / "nvcc", FAKE_NVCC)
-    _write(cuda / "bin" / "compute-sanitizer", FAKE_SANITIZER)
-    _write(cuda / "include" / "cuda_runtime.h", "")
-    _write(tmp_path / "include" / "Python.h", "")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
-           "REAL_PYTHON": sys.executable, "CUDA_HOME": str(cuda), "FAKE_INCLUDE": str(tmp_path / "include"),
-           "FAKE_LOG": str(tmp_path / "calls.log"), "SYNCTRAIN_EXTENSIONS_DIR": str(tmp_path / "ext"),
-           "GPU_CHECK_WHEELS": str(tmp_path / "no_wheels"), "TMPDIR": str(tmp_path), "PYTHONPATH": "/caller/path"}
-    for key in ("FAKE_FAIL", "FAKE_SLOW", "FAKE_SECONDS", "GPU_CHECK_CAPS", "GPU_CHECK_BUDGET_S", "CXX",
-                "TORCH_CUDA_ARCH_LIST"):
-        env.pop(key, None)
-    return env, tmp_path / "out", tmp_path / "calls.log"
+    return fake_machine(tmp_path, sys.executable), tmp_path / "out", tmp_path / "calls.log"
 
 
 def _run(env: dict, out: Path, **extra: str) -> subprocess.CompletedProcess:
@@ -167,7 +86,7 @@ def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, 
     env, out, log = fake_gpu_machine
     out.mkdir()
     (out / "report.json").write_text('{"stale": true}')  # an earlier run's files are never merged
-    _wheel(tmp_path / "wheels")
+    wheel(tmp_path / "wheels")
     proc = _run(env, out, GPU_CHECK_WHEELS=str(tmp_path / "wheels"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = _calls(log)
