@@ -5,6 +5,7 @@ thread), on 224-pixel crops of ImageFolder JPEGs, same run, alternating rounds, 
     python scripts/bench_loader.py                       # 256 JPEGs of 256x256 px, batch 32, 2 workers, 5 rounds
     python scripts/bench_loader.py --images 512 --rounds 7
     python scripts/bench_loader.py --device cuda --json loader.json    # make gpu-check runs this on a GPU
+    python scripts/bench_loader.py --loader-only                      # the loader alone (the workers' share)
 
 An epoch is timed from the loader's start to the last batch on the device, as the trainer receives them
 (prefetch: the copy, or decoding and augmenting, one batch ahead); on CUDA the device is synchronised once
@@ -48,7 +49,8 @@ def write_folder(root: Path, images: int, side: int) -> None:
 
 
 def epoch(loader, number: int, move, device: torch.device, threaded: bool) -> tuple[float, int, int]:
-    """(seconds, images, bytes of the first batch the loader handed over) for one pass to the device."""
+    """(seconds, images, bytes of the first batch the loader handed over) for one pass to the device; with
+    move None, for one pass over the loader alone."""
     set_loader_epoch(loader, number)
     started, images, first = time.perf_counter(), 0, 0
     sizes = []
@@ -58,7 +60,9 @@ def epoch(loader, number: int, move, device: torch.device, threaded: bool) -> tu
             sizes.append(sum(t.numel() * t.element_size() for t in getattr(batch_images, "data", [batch_images])))
             yield batch_images, targets
 
-    for batch_images, _ in prefetch(counted(), move, device, threaded=threaded):
+    if move is None:
+        images = sum(len(getattr(batch_images, "data", batch_images)) for batch_images, _ in counted())
+    for batch_images, _ in (prefetch(counted(), move, device, threaded=threaded) if move is not None else ()):
         images += batch_images.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -76,6 +80,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="where batches go: cpu or cuda (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="write the medians here")
+    parser.add_argument("--loader-only", action="store_true",
+                        help="time the loader alone: nothing moved to the device, decoded or augmented there")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -93,7 +99,8 @@ def main() -> int:
             cfg.device_transforms, cfg.decode_on_device = on_device, decode
             bundle = build_datasets(cfg, seed=0, device_transforms=on_device)
             loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=0)
-            move = partial(move_batch, device=device, dtype=torch.float32, transform=bundle.device_transform)
+            move = (None if args.loader_only else
+                    partial(move_batch, device=device, dtype=torch.float32, transform=bundle.device_transform))
             runs[mode] = (loader, move, decode)
             epoch(loader, 0, move, device, decode)  # warm-up: workers started, files in the page cache, CUDA ready
         for r in range(args.rounds):
@@ -104,7 +111,8 @@ def main() -> int:
     base = statistics.median(rates["float32 (workers normalise)"])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{args.images} JPEGs {args.side}x{args.side}, crop {args.crop}, batch {args.batch_size}, "
-          f"{args.workers} workers, to {name}, {args.rounds} rounds (medians)")
+          f"{args.workers} workers, {'the loader alone' if args.loader_only else 'to ' + name}, "
+          f"{args.rounds} rounds (medians)")
     print("| batches from the workers | images/s | ratio | bytes per batch from the workers |")
     print("|---|---|---|---|")
     for mode in MODES:

@@ -231,8 +231,10 @@ def make_emulated_spec(fault: bool = False) -> BuildSpec:
     sources = [*sorted((CSRC / "simt").glob("*.cpp")), *sorted((CSRC / "simt").glob("*.cu")),
                *sorted((CSRC / "cuda").glob("*.cu"))]
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
-    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on.
-    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas"]
+    # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on. -std=c++20: the
+    # emulation is C++20 (std::source_location, <bit>), and PyTorch 2.11 compiles extensions as C++17 (2.13
+    # and later as C++20; the last -std on the line wins).
+    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas", "-std=c++20"]
     if fault:
         cflags.append("-DSYNCTRAIN_SELFCHECK_FAULT")
     # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its
