@@ -1,7 +1,8 @@
 """`make gpu-check` (scripts/gpu_check.sh) off a GPU: it must stop at once, say why in its report, and exit 2;
 and, run against fake nvidia-smi / nvcc / compute-sanitizer / python executables (small shell scripts:
-tests/support/gpu_fakes.py), its preflight, step order, caps, budget, timeouts, hard stop and report in every outcome, in at most
-three files. (shellcheck and `bash -n` of the script: tests/cluster/test_launch_scripts.py.)"""
+tests/support/gpu_fakes.py), its preflight, step order, caps, budget, timeouts, hard stop and report in
+every outcome, in at most three files. (shellcheck and `bash -n` of the script:
+tests/cluster/test_launch_scripts.py.)"""
 from __future__ import annotations
 
 import json

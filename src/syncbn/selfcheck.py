@@ -85,9 +85,12 @@ class _Checker:
                  staged: bool = False) -> None:
         self.ops, self.device, self.use_torch, self.report, self.staged = ops, device, use_torch, report, staged
 
-    def _on_device(self, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """make() as it is, or (staged) made from host copies on the CPU and copied to the device."""
-        return make().cpu().to(self.device) if self.staged else make()
+    def _combined(self, tensors: list[torch.Tensor],
+                  combine: Callable[[list[torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        """combine(tensors) on the device, or (staged) on host copies, its result then copied to the device."""
+        if not self.staged:
+            return combine(tensors)
+        return combine([t.cpu() for t in tensors]).to(self.device)
 
     def reference(self, name: str, compute: Callable[[], Any]) -> Any | None:
         """PyTorch's kernel `name` as a second reference; None when it raises (no kernel for this dtype or
@@ -142,7 +145,7 @@ class _Checker:
                 self.check("batch_norm_stats", name, dtype, "local invstd", torch.rsqrt(st[1 + c:] / n + sc.EPS),
                            t_invstd, red_tol, "torch.batch_norm_stats")
         # 2. one gather (running statistics in the parameters' dtype, as in the module)
-        rows = self._on_device(lambda: torch.stack([st.cpu() for st in stats]) if self.staged else torch.stack(stats))
+        rows = self._combined(stats, torch.stack)
         rm = torch.zeros(c, dtype=w.dtype).to(self.device)
         rv = torch.ones(c, dtype=w.dtype).to(self.device)
         mean, invstd, count = ops.batch_norm_gather_stats(rows, rm, rv, None, sc.MOMENTUM, sc.EPS,
@@ -164,15 +167,14 @@ class _Checker:
         sums = [ops.batch_norm_shift_stats(st, shift) for st in stats]
         for st, sm in zip(stats, sums):
             self.check("batch_norm_shift_stats", name, dtype, "[n, S1, S2]", sm, sc.ref_shift(st, shift), red_tol, f64)
-        summed = self._on_device(lambda: torch.stack([sm.cpu() for sm in sums] if self.staged else sums).sum(0))
-        row, exact = ops.batch_norm_unshift_stats(summed, shift, 1e6)
+        row, exact = ops.batch_norm_unshift_stats(self._combined(sums, lambda t: torch.stack(t).sum(0)), shift, 1e6)
         r_n, _, r_m2 = sc.ref_merged(rows)
         self.check("batch_norm_unshift_stats", name, dtype, "[n, mean, M2]", row, torch.cat([r_n.view(1), r_mean, r_m2]),
                    red_tol, f64)
         self.check("batch_norm_unshift_stats", name, dtype, "exact", exact.double(), torch.ones(c, dtype=torch.float64),
                    0.0, "K near the mean: no cancellation")
         # 3. elemt per rank, 4. backward_reduce per rank and their sum (the all_reduce)
-        reduced = torch.zeros(2 * c, dtype=acc, device="cpu" if self.staged else self.device)
+        reds = []
         for x, dy in zip(xs, dys):
             y = ops.batch_norm_elemt(x, w, b, mean, invstd)
             self.check("batch_norm_elemt", name, dtype, "y", y, sc.ref_elemt(x, w, b, mean, invstd), el_tol, f64)
@@ -190,8 +192,8 @@ class _Checker:
                 if t_red is not None:
                     self.check("batch_norm_backward_reduce", name, dtype, "[sum_dy, sum_dy_xhat]", red,
                                torch.cat([t_red[0], t_red[1] * invstd]), red_tol, "torch.batch_norm_backward_reduce")
-            reduced += red.cpu() if self.staged else red
-        reduced = reduced.to(self.device)
+            reds.append(red)
+        reduced = self._combined(reds, lambda t: torch.stack(t).sum(0))
         # 5. backward_elemt per rank with the global sums and count
         int_counts = torch.tensor([x.numel() // c for x in xs if x.shape[0] > 0], dtype=torch.int32,
                                   device=self.device)
