@@ -6,6 +6,7 @@ runs on the CPU (gloo) as well as on GPUs, and uneven or empty per-rank batches 
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -16,6 +17,9 @@ from .collectives import resolve_group
 from .functions import sync_batch_norm
 from .recompute import ledger_of, recomputing
 from .selfcheck import check_first_use
+
+# PyTorch 2.11's nn.BatchNorm has no bias= (2.13's has); SyncBatchNorm passes it on only where it exists.
+_BATCHNORM_TAKES_BIAS = "bias" in inspect.signature(_BatchNorm.__init__).parameters
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -56,9 +60,11 @@ class SyncBatchNorm(_BatchNorm):
         *,
         bias: bool = True,
     ) -> None:
-        super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, bias=bias
-        )
+        if not bias and not _BATCHNORM_TAKES_BIAS:
+            raise ValueError(f"{type(self).__name__}(bias=False) needs a PyTorch whose nn.BatchNorm takes bias= (2.13 "
+                             f"and later); this one is {torch.__version__}: keep bias=True or upgrade PyTorch")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
+                         **({"bias": bias} if _BATCHNORM_TAKES_BIAS else {}))
         self.process_group = process_group
         # K of the forward's shifted-sums exchange (functions.py): the last batch mean this layer's group agreed on,
         # set only from collective results, so identical on every rank of the group by construction (the running
