@@ -74,7 +74,7 @@ gpu-bundle: setup
 # CUDA build and its libraries) and compiles the CUDA kernels against that PyTorch (minutes on 2 cores).
 COMPAT_VENV ?= .venv-compat
 COMPAT_TESTS := tests/syncbn/test_kernels.py tests/syncbn/test_simt.py tests/syncbn/test_cuda_launches.py \
-	tests/syncbn/test_selfcheck_ranks.py tests/syncbn/test_emulated_syncbn.py tests/syncbn/test_cuda_build.py \
+	tests/syncbn/test_selfcheck_ranks.py tests/syncbn/test_emulated_syncbn.py tests/syncbn/test_fusable.py tests/syncbn/test_cuda_build.py \
 	tests/syncbn/test_occupancy_model.py tests/data/test_replay.py tests/test_gpu_check_script.py tests/test_gpu_bundle.py
 test-compat: gpu-bundle
 	bash scripts/compat_env.sh $(COMPAT_VENV) $(PY)
