@@ -52,13 +52,37 @@ test-fast: setup
 	$(PYTEST) -m "not slow and not docker and not slurm" $(ARGS)
 
 # part: gpu-tools
-# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests,
-# compute-sanitizer, NCCL training compare, benchmark, occupancy; report in OUT (default outputs/gpu_check).
+# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, occupancy, the exchange's
+# host cost, `cuda` tests, compute-sanitizer, NCCL training compare, benchmarks; report in OUT (default
+# outputs/gpu_check): report.json, summary.txt, logs.tar.gz.
 # No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-bundle test-compat
 OUT ?= outputs/gpu_check
 gpu-check:
 	bash scripts/gpu_check.sh $(OUT)
+
+# The wheels an offline GPU node lacks for gpu-check (scripts/gpu_imports.py reads them off the imports; the
+# node's list: scripts/gpu_node_packages.txt or NODE_PACKAGES=FILE, its `pip list --format=freeze`), into .whl
+# with a size report (with the repository, under 64 MiB). Needs network.
+NODE_PACKAGES ?=
+gpu-bundle: setup
+	$(PY) scripts/gpu_bundle.py --out .whl $(if $(NODE_PACKAGES),--node-packages $(NODE_PACKAGES))
+
+# The files gpu-check runs, and the kernel, layer and gpu-check tests, on the CPU with the GPU node's PyTorch
+# (torch 2.11 / torchvision 0.26, Python 3.12 where there is one) in a second environment, COMPAT_VENV, and
+# the bundle on PYTHONPATH as on the node. Not part of `make test`: the first run downloads ~4 GB (PyTorch's
+# CUDA build and its libraries) and compiles the CUDA kernels against that PyTorch (minutes on 2 cores).
+COMPAT_VENV ?= .venv-compat
+COMPAT_TESTS := tests/syncbn/test_kernels.py tests/syncbn/test_simt.py tests/syncbn/test_cuda_launches.py \
+	tests/syncbn/test_selfcheck_ranks.py tests/syncbn/test_emulated_syncbn.py tests/syncbn/test_fusable.py tests/syncbn/test_cuda_build.py \
+	tests/syncbn/test_occupancy_model.py tests/data/test_replay.py tests/test_gpu_check_script.py tests/test_gpu_bundle.py
+test-compat: gpu-bundle
+	bash scripts/compat_env.sh $(COMPAT_VENV) $(PY)
+	rm -rf $(COMPAT_VENV)/bundle
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-index --no-deps --target $(COMPAT_VENV)/bundle .whl/*.whl
+	SYNCTRAIN_EXTENSIONS_DIR=$(abspath $(COMPAT_VENV))/torch_extensions PYTHONPATH=$(abspath $(COMPAT_VENV))/bundle \
+	  $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) \
+	  $$(awk '$$1 ~ /_tests$$/ { print $$2 }' scripts/gpu_check_tests.txt) $(COMPAT_TESTS) $(ARGS)
 # /part
 
 # Build caches only: outputs/ holds your runs (checkpoints, logs) and is never deleted here.

@@ -1,58 +1,141 @@
 #!/usr/bin/env bash
-# GPU validation in one go (`make gpu-check OUT=DIR`, docs/gpu.md): build the SyncBN extension for this GPU,
-# self-check the kernels against PyTorch's, the occupancy of every kernel, a quick benchmark, the kernel
-# tests marked `cuda`, compute-sanitizer on the self-check, a float64 training step-compare of norm=syncbn
-# against norm=torch_syncbn over NCCL, then the slower multi-process and compile `cuda` tests.
+# GPU validation in one command (`make gpu-check OUT=DIR`, docs/gpu.md): build the SyncBN extension for this
+# GPU, self-check the kernels, their occupancy, the host-side cost of the exchange, the kernel tests marked
+# `cuda`, compute-sanitizer on the self-check, a float64 training compare of norm=syncbn against
+# norm=torch_syncbn; then, if time is left, the benchmarks, two more sanitizer tools and the slower tests.
 #
 #   bash scripts/gpu_check.sh OUTDIR
 #
-# Made for a bare, offline GPU box with a time limit, to work the first time:
+# Made for an offline GPU node with a time limit on one command and on the files that come back:
 # - Python: $PYTHON if set, else ./.venv/bin/python, else the system python3: the first with a CUDA build of
-#   torch (an existing torch is reused). If it sees no GPU the script stops at once (exit 2) saying so. No
-#   CUDA torch at all: it creates .venv with torch from the PyTorch index matching this machine's CUDA
-#   (GPU_CHECK_TORCH_INDEX overrides), then requirements.txt (needs network).
-# - Wheels carried in ./.whl (e.g. hydra-core, omegaconf for the trainer's tests) are installed offline
-#   into a scratch site dir first.
-# - A preflight of a few seconds (driver and nvidia-smi, the GPU, an nvcc whose major version is torch's
-#   CUDA, Python.h, the C++ compiler, ninja) names everything missing and stops (exit 3) before any build.
-# - The budget (GPU_CHECK_BUDGET_S, default 570 s) starts after that setup. Steps run cheapest and most
-#   telling first, each under its own cap (`timeout -k`; GPU_CHECK_CAPS="bench=30 build=200" overrides);
-#   a step gets at most what is left of the budget; a failing, timed-out or skipped step is reported and
-#   the others still run.
-# Writes to OUTDIR (earlier runs' files there are deleted first): report.json (complete, passed, every
-# step's status passed/failed/skipped/timed out, rc, seconds, cap and its numbers; written by an exit trap,
-# so a killed run leaves one too, with complete false), summary.txt (what it printed), env.txt, and one
-# <step>.log per step plus the steps' own JSON files.
-# Exit status: 0 when every step that ran passed; 1 otherwise; 2 when there is no GPU; 3 when the preflight
-# found something missing; 128+N when stopped by signal N.
+#   torch (the node's own torch is used; 2.11 to 2.14 are supported). No CUDA torch at all: it creates .venv
+#   with the pinned torch from the PyTorch index of this machine's CUDA (needs network).
+# - Wheels carried in ./.whl (GPU_CHECK_WHEELS overrides; `make gpu-bundle`: what the gpu-check path imports
+#   that the node lacks) are installed offline into a scratch folder appended to PYTHONPATH; every step
+#   inherits it.
+# - One budget (GPU_CHECK_BUDGET_S, default 420 s) from the start: setup, build and steps. Each step runs
+#   under its cap (GPU_CHECK_CAPS="bench=30 build=200"; 0 skips the step) and never past what is left of the
+#   budget (`timeout -k`: TERM, KILL GPU_CHECK_KILL_AFTER_S later); a step with too little time left is
+#   skipped. A watchdog stops the whole run at the budget however it got there (a hang in the setup, say).
+#   Most telling first: a failed, timed-out or skipped step is reported and the rest still run.
+# Writes to OUTDIR, after every step and at the end (an exit trap: also on a signal or without a GPU):
+# report.json (complete, passed, reason, every step's status passed/failed/skipped/timed out, rc, seconds,
+# cap and its own JSON results), summary.txt (what it printed) and logs.tar.gz (every step's log, the
+# pytest XML, the steps' JSON and env.txt): three files, whatever happens. Earlier runs' files there are
+# deleted first. Exit status: 0 when every step that ran passed; 1 otherwise; 2 without a GPU; 3 when the
+# preflight found something missing; 128+N when stopped by signal N (the watchdog's stop: 143).
 set -uo pipefail
 
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
-mkdir -p "$OUTDIR"
+mkdir -p "$OUTDIR" || exit 2
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
-export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-BUDGET_S=${GPU_CHECK_BUDGET_S:-570}
+T0=$(date +%s)
+BUDGET_S=${GPU_CHECK_BUDGET_S:-420}
 KILL_AFTER_S=${GPU_CHECK_KILL_AFTER_S:-10}
+FINISH_S=5  # kept back at the end for the report and the archive
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 2
+SITE=$WORK/site  # the carried wheels are installed here
+export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 # A fresh report per run: nothing an earlier run left in OUTDIR is read or merged.
-rm -rf "$OUTDIR"/report.json "$OUTDIR"/steps.tsv "$OUTDIR"/summary.txt "$OUTDIR"/env.txt "$OUTDIR"/*.log \
-  "$OUTDIR"/*.xml "$OUTDIR"/preflight.json "$OUTDIR"/selfcheck.json "$OUTDIR"/bench_syncbn_cuda.json \
-  "$OUTDIR"/occupancy.json "$OUTDIR"/train_compare
+rm -rf "$OUTDIR/report.json" "$OUTDIR/summary.txt" "$OUTDIR/logs.tar.gz"
 : > "$OUTDIR/summary.txt"
-: > "$OUTDIR/steps.tsv"
-T0=$(date +%s)  # restarted once setup is done: the budget is for the checks
+: > "$WORK/steps.tsv"
 elapsed() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUTDIR/summary.txt"; }
+
+STEPS=(preflight build selfcheck occupancy exchange_host kernel_tests sanitizer_memcheck sanitizer_racecheck
+       train_compare bench bench_loader sanitizer_initcheck sanitizer_synccheck slow_tests)
+PLANNED=$(IFS=,; echo "${STEPS[*]}")
+COMPLETE=0
+FAILED=0
+REASON=""         # why the run stopped early (report.json's `reason`)
+PY=""
+CURRENT=""        # the step running now, its start and the pid of its `timeout` (its own process group)
+CURRENT_T0=0
+CURRENT_PID=""
+CURRENT_CAP=0
+WATCHDOG=""
+
+# --- The report: after every step and from the exit trap -------------------------------------------------
+write_report() {  # write_report COMPLETE: report.json and logs.tar.gz in OUTDIR from what WORK holds now
+  local py=${PY:-$(command -v python3 || true)}
+  if [ -n "$py" ] && "$py" "$REPO/scripts/gpu_check_report.py" "$WORK" "$OUTDIR" "$(elapsed)" "$BUDGET_S" "$1" \
+       "$PLANNED" "$REASON" "$CURRENT" >"$WORK/report.out" 2>&1; then :; else
+    # No Python to write it with: the few fields the shell knows.
+    printf '{"complete": false, "passed": false, "reason": "%s", "seconds": %s, "budget_s": %s, "steps": []}\n' \
+      "${REASON//\"/\'}" "$(elapsed)" "$BUDGET_S" >"$OUTDIR/report.json"
+  fi
+  # Model checkpoints stay out: the archive holds what a person reads.
+  tar -czf "$OUTDIR/logs.tar.gz.tmp" -C "$WORK" --exclude='*.pt' --exclude=site . 2>/dev/null \
+    && mv "$OUTDIR/logs.tar.gz.tmp" "$OUTDIR/logs.tar.gz"
+}
+
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+finish() {
+  local rc=$?
+  trap - EXIT INT TERM HUP
+  [ "$COMPLETE" = 1 ] || [ -n "$REASON" ] || REASON="stopped early (exit status $rc)"
+  [ -n "$WATCHDOG" ] && kill "$WATCHDOG" 2>/dev/null
+  [ -n "$PROBE_PID" ] && kill "$PROBE_PID" 2>/dev/null
+  if [ -n "$CURRENT_PID" ]; then  # stopped during a step: end it (and its children), record it as cut short
+    kill -TERM -- "-$CURRENT_PID" 2>/dev/null || kill -TERM "$CURRENT_PID" 2>/dev/null
+    for _ in 1 2 3 4 5; do kill -0 "$CURRENT_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$CURRENT_PID" 2>/dev/null
+    printf '%s\ttimed out\t%s\t%s\t%s\tthe run was stopped during this step (%s); its output so far: %s.log in logs.tar.gz\n' \
+      "$CURRENT" "$rc" "$(( $(date +%s) - CURRENT_T0 ))" "$CURRENT_CAP" "$REASON" "$CURRENT" >>"$WORK/steps.tsv"
+    log "$CURRENT: STOPPED after $(( $(date +%s) - CURRENT_T0 ))s ($REASON)"
+    CURRENT=""
+  fi
+  write_report "$COMPLETE"
+  cat "$WORK/report.out" 2>/dev/null | tee -a "$OUTDIR/summary.txt"
+  rm -rf "$WORK"
+  if [ "$rc" -eq 0 ] && [ "$FAILED" -ne 0 ]; then rc=1; fi
+  exit "$rc"
+}
+# shellcheck disable=SC2329  # invoked by the TERM trap
+on_term() {
+  if [ -f "$WORK/budget_spent" ]; then REASON="the ${BUDGET_S}s budget was spent (hard stop)"; fi
+  REASON=${REASON:-stopped by SIGTERM}
+  exit 143
+}
+trap finish EXIT
+trap on_term TERM
+trap 'REASON=${REASON:-stopped by SIGINT}; exit 130' INT
+trap 'REASON=${REASON:-stopped by SIGHUP}; exit 129' HUP
+# The hard stop: whatever runs at the budget's end (a step, the setup) is ended and the report written.
+# It ends with the script (if the script is killed outright, no TERM goes to a pid another process reuses).
+SELF=$$
+( me=$BASHPID
+  while [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ]; do
+    sleep 1
+    parent=$(awk '{ print $4 }' "/proc/$me/stat" 2>/dev/null)  # empty without /proc: no such check
+    [ -z "$parent" ] || [ "$parent" = "$SELF" ] || exit 0
+  done
+  : >"$WORK/budget_spent"; kill -TERM "$SELF" ) 2>/dev/null &
+WATCHDOG=$!
+
+stop() {  # stop STATUS REASON: end the run early (the trap writes the report)
+  REASON=$2
+  log "STOP: $2"
+  exit "$1"
+}
 
 # --- Python with a CUDA torch -------------------------------------------------------------------------
 # scripts/gpu_check_probe.py prints key=value lines: kind (gpu: CUDA torch, GPU visible; nogpu: CUDA torch,
 # no GPU; cpu: CPU-only torch; none: no torch), torch, cuda, gpus, name, cap, include (Python.h's folder).
+# In the background, so that the hard stop ends a probe that hangs (in the driver, say) at once.
 declare -A P
+PROBE_PID=""
 probe() {
   P=()
   local k v
-  while IFS='=' read -r k v; do [ -n "$k" ] && P[$k]=$v; done < <("$1" "$REPO/scripts/gpu_check_probe.py" 2>/dev/null)
+  "$1" "$REPO/scripts/gpu_check_probe.py" >"$WORK/probe.out" 2>/dev/null </dev/null &
+  PROBE_PID=$!
+  wait "$PROBE_PID"
+  PROBE_PID=""
+  while IFS='=' read -r k v; do [ -n "$k" ] && P[$k]=$v; done <"$WORK/probe.out"
 }
 # The PyTorch wheel index for this machine's CUDA: the toolkit's nvcc if there is one, else the newest CUDA
 # the driver supports (nvidia-smi's "CUDA Version").
@@ -68,15 +151,14 @@ torch_index() {
     *) echo https://download.pytorch.org/whl/cu130 ;;
   esac
 }
-PY=""
 for cand in "${PYTHON:-}" ./.venv/bin/python "$(command -v python3 || true)"; do
   [ -n "$cand" ] && [ -x "$cand" ] || continue
   probe "$cand"
   if [ "${P[kind]:-}" = gpu ]; then PY=$cand; break; fi
   if [ "${P[kind]:-}" = nogpu ]; then
-    smi=$(nvidia-smi -L 2>&1 | head -3 || true)
-    log "STOP: no CUDA GPU visible: torch.cuda.is_available() is False in $cand (torch ${P[torch]:-?}, CUDA ${P[cuda]:-?}); nvidia-smi: ${smi:-not found}. Run make gpu-check on a machine with an NVIDIA GPU and its driver (CUDA_VISIBLE_DEVICES must not hide it); nothing was checked."
-    exit 2
+    PY=$cand  # writes the report
+    smi=$(nvidia-smi -L 2>&1 | head -3 | tr '\n' ' ' || true)
+    stop 2 "no CUDA GPU visible: torch.cuda.is_available() is False in $cand (torch ${P[torch]:-?}, CUDA ${P[cuda]:-?}); nvidia-smi: ${smi:-not found}. Run make gpu-check on a machine with an NVIDIA GPU and its driver (CUDA_VISIBLE_DEVICES must not hide it); nothing was checked."
   fi
 done
 if [ -z "$PY" ]; then
@@ -84,73 +166,50 @@ if [ -z "$PY" ]; then
   pins=$(grep -E '^(torch|torchvision)==' requirements.txt | tr '\n' ' ')
   log "no Python with a CUDA torch found; creating .venv: $pins from $index, then requirements.txt (needs network)"
   # shellcheck disable=SC2086  # $pins is a list of requirement specifiers
-  python3 -m venv .venv && .venv/bin/python -m pip install -q $pins --index-url "$index" >>"$OUTDIR/env.txt" 2>&1 \
-    && .venv/bin/python -m pip install -q -r requirements.txt >>"$OUTDIR/env.txt" 2>&1 \
+  python3 -m venv .venv && .venv/bin/python -m pip install -q $pins --index-url "$index" >>"$WORK/env.txt" 2>&1 \
+    && .venv/bin/python -m pip install -q -r requirements.txt >>"$WORK/env.txt" 2>&1 \
     && probe .venv/bin/python && [ "${P[kind]:-}" = gpu ] && PY=.venv/bin/python
-  if [ -z "$PY" ]; then log "STOP: no usable Python with a CUDA torch and a GPU (see env.txt); nothing was checked."; exit 2; fi
+  [ -n "$PY" ] || stop 2 "no usable Python with a CUDA torch and a GPU (the attempt to make one is in env.txt, logs.tar.gz); nothing was checked."
 fi
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_check_site \
-    .whl/*.whl >>"$OUTDIR/env.txt" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+       "$WHEELS"/*.whl >>"$WORK/env.txt" 2>&1; then
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    log "carried wheels installed for this run (PYTHONPATH += $SITE): $(cd "$WHEELS" && printf '%s ' ./*.whl)"
+  else
+    log "the carried wheels in $WHEELS could not be installed (env.txt in logs.tar.gz); steps that need them will fail"
+  fi
 fi
 # The chosen environment's own tools (ninja, pytest's console scripts) first: it is not activated here.
 PATH="$(dirname "$PY"):$PATH"
 export PATH
 
-# --- Report on any exit ---------------------------------------------------------------------------------
-STEPS=(preflight build selfcheck occupancy bench kernel_tests sanitizer_memcheck sanitizer_initcheck
-       sanitizer_racecheck sanitizer_synccheck train_compare slow_tests)
-PLANNED=$(IFS=,; echo "${STEPS[*]}")
-COMPLETE=0
-FAILED=0
-CURRENT=""        # the step running now, its start and the pid of its `timeout` (its own process group)
-CURRENT_T0=0
-CURRENT_PID=""
-CURRENT_CAP=0
-# shellcheck disable=SC2329  # invoked by the EXIT trap
-finish() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
-  if [ -n "$CURRENT_PID" ]; then  # stopped during a step: end it (and its children), record it as cut short
-    kill -TERM -- "-$CURRENT_PID" 2>/dev/null || kill -TERM "$CURRENT_PID" 2>/dev/null
-    for _ in 1 2 3 4 5; do kill -0 "$CURRENT_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$CURRENT_PID" 2>/dev/null
-    printf '%s\ttimed out\t%s\t%s\t%s\tthe run was stopped (signal) during this step; its output so far: %s.log\n' \
-      "$CURRENT" "$rc" "$(( $(date +%s) - CURRENT_T0 ))" "$CURRENT_CAP" "$CURRENT" >>"$OUTDIR/steps.tsv"
-    log "$CURRENT: STOPPED by a signal after $(( $(date +%s) - CURRENT_T0 ))s"
-  fi
-  "$PY" "$REPO/scripts/gpu_check_report.py" "$OUTDIR" "$(elapsed)" "$BUDGET_S" "$COMPLETE" "$PLANNED" \
-    | tee -a "$OUTDIR/summary.txt"
-  if [ "$rc" -eq 0 ] && [ "$FAILED" -ne 0 ]; then rc=1; fi
-  exit "$rc"
-}
-trap finish EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-trap 'exit 129' HUP
-
 # --- Step runner ---------------------------------------------------------------------------------------
-# Caps in seconds, in run order; GPU_CHECK_CAPS="name=seconds ..." overrides some.
-declare -A CAP=([build]=300 [selfcheck]=60 [occupancy]=30 [bench]=60 [kernel_tests]=150 [sanitizer_memcheck]=60
-                [sanitizer_initcheck]=60 [sanitizer_racecheck]=60 [sanitizer_synccheck]=60 [train_compare]=150
-                [slow_tests]=240)
+# Caps in seconds (docs/gpu.md gives what each is sized from); GPU_CHECK_CAPS="name=seconds ..." overrides.
+declare -A CAP=([build]=180 [selfcheck]=45 [occupancy]=20 [exchange_host]=100 [kernel_tests]=100
+                [sanitizer_memcheck]=60 [sanitizer_racecheck]=60 [train_compare]=100 [bench]=45 [bench_loader]=60
+                [sanitizer_initcheck]=60 [sanitizer_synccheck]=60 [slow_tests]=150)
 for kv in ${GPU_CHECK_CAPS:-}; do CAP[${kv%%=*}]=${kv#*=}; done
 # row NAME STATUS RC SECONDS CAP NOTE: one line of steps.tsv (gpu_check_report.py reads it).
-row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUTDIR/steps.tsv"; }
+row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$WORK/steps.tsv"; }
 skip() {  # skip NAME REASON
   row "$1" skipped - 0 0 "$2"
   log "$1: SKIPPED ($2)"
+  write_report 0
 }
 # step NAME CMD...: runs CMD with the smaller of the step's cap and what is left of the budget, under
 # `timeout -k` (TERM at the limit, KILL KILL_AFTER_S later), output in NAME.log, GPU_CHECK_STEP=NAME in its
-# environment. Runs in the background and waits, so that a signal to the script ends it at once.
+# environment. Runs in the background and waits, so that a signal ends it at once.
 step() {
   local name=$1; shift
-  local want=${CAP[$name]} left=$(( BUDGET_S - $(elapsed) - 5 ))
+  local want=${CAP[$name]:-60} left=$(( BUDGET_S - $(elapsed) - KILL_AFTER_S - FINISH_S ))
+  if [ "$want" -le 0 ] 2>/dev/null; then skip "$name" "cap 0 (GPU_CHECK_CAPS)"; return 0; fi
   if [ "$left" -lt 10 ]; then skip "$name" "no time left in the ${BUDGET_S}s budget"; return 0; fi
   local limit=$(( want < left ? want : left )) rc status
   CURRENT=$name CURRENT_T0=$(date +%s) CURRENT_CAP=$limit
-  GPU_CHECK_STEP=$name timeout -k "$KILL_AFTER_S" "$limit" "$@" >"$OUTDIR/$name.log" 2>&1 </dev/null &
+  write_report 0  # names the step as running: what remains if the run is killed outright during it
+  GPU_CHECK_STEP=$name timeout -k "$KILL_AFTER_S" "$limit" "$@" >"$WORK/$name.log" 2>&1 </dev/null &
   CURRENT_PID=$!
   wait "$CURRENT_PID"
   rc=$?
@@ -163,8 +222,9 @@ step() {
   esac
   [ "$status" = passed ] || FAILED=1
   row "$name" "$status" "$rc" "$took" "$limit" ""
-  log "$name: ${status^^} (rc=$rc, ${took}s, cap ${limit}s; $OUTDIR/$name.log)"
-  tail -n 4 "$OUTDIR/$name.log" | sed 's/^/    /' | tee -a "$OUTDIR/summary.txt"
+  log "$name: ${status^^} (rc=$rc, ${took}s, cap ${limit}s)"
+  tail -n 4 "$WORK/$name.log" | sed 's/^/    /' | tee -a "$OUTDIR/summary.txt"
+  write_report 0
   return 0
 }
 
@@ -204,13 +264,13 @@ command -v ninja >/dev/null || MISSING+=("ninja not found beside $PY nor on PATH
   echo "python: $PY"
   for k in "${!P[@]}"; do echo "probe $k=${P[$k]}"; done
   echo "CUDA_HOME=${CUDA_HOME:-unset} (found: ${found[*]:-none})"
+  echo "PYTHONPATH=$PYTHONPATH"
   nvidia-smi 2>&1 | head -20
-} >>"$OUTDIR/env.txt" 2>&1
+} >>"$WORK/env.txt" 2>&1
 if [ "${#MISSING[@]}" -gt 0 ]; then
   for m in "${MISSING[@]}"; do log "PREFLIGHT: missing: $m"; done
   row preflight failed 3 $(( $(date +%s) - SETUP_T0 )) 0 "$(IFS=';'; echo "${MISSING[*]}")"
-  log "STOP: the preflight found ${#MISSING[@]} missing piece(s) (above); nothing was built."
-  exit 3
+  stop 3 "the preflight found ${#MISSING[@]} missing piece(s) (above); nothing was built."
 fi
 row preflight passed 0 $(( $(date +%s) - SETUP_T0 )) 0 ""
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${P[cap]}}
@@ -220,56 +280,62 @@ SANITIZER=""
 for s in "$CUDA_HOME/bin/compute-sanitizer" "$(command -v compute-sanitizer || true)"; do
   if [ -n "$s" ] && [ -x "$s" ]; then SANITIZER=$s; break; fi
 done
-T0=$(date +%s)
-log "python: $PY (torch ${P[torch]}, CUDA ${P[cuda]}, ${P[name]:-?} x ${P[gpus]:-?}, sm ${P[cap]:-?}); CUDA_HOME=$CUDA_HOME; the ${BUDGET_S}s budget starts now"
+log "python: $PY (torch ${P[torch]}, CUDA ${P[cuda]}, ${P[name]:-?} x ${P[gpus]:-?}, sm ${P[cap]:-?}); CUDA_HOME=$CUDA_HOME; $(( BUDGET_S - $(elapsed) ))s of the ${BUDGET_S}s budget left"
+log "caps: $(for s in "${STEPS[@]:1}"; do printf '%s=%s ' "$s" "${CAP[$s]:-?}"; done)"
 
-# --- The steps, cheapest and most telling first ---------------------------------------------------------
-TIMEOUT_OPT=()
-if [ "${P[pytest_timeout]:-0}" = 1 ]; then TIMEOUT_OPT=(--timeout); fi
-pytest_step() {  # pytest_step NAME PER_TEST_S FILES...: the `cuda` tests of exactly these files
-  local name=$1 per_test=$2; shift 2
-  local opt=()
-  if [ "${#TIMEOUT_OPT[@]}" -gt 0 ]; then opt=(--timeout "$per_test"); fi
+# --- The steps, most telling first ---------------------------------------------------------------------
+TIMEOUT_OPT=0
+[ "${P[pytest_timeout]:-0}" = 1 ] && TIMEOUT_OPT=1
+pytest_step() {  # pytest_step NAME PER_TEST_S: the `cuda` tests of NAME's files in scripts/gpu_check_tests.txt
+  local name=$1 per_test=$2 files opt=()
+  mapfile -t files < <(awk -v s="$name" '$1 == s && $2 != "" { print $2 }' scripts/gpu_check_tests.txt)
+  [ "$TIMEOUT_OPT" = 1 ] && opt=(--timeout "$per_test")
   step "$name" "$PY" -m pytest -o addopts= -m cuda -v -rfE -p no:cacheprovider --continue-on-collection-errors \
-    "${opt[@]}" --junitxml="$OUTDIR/$name.xml" "$@"
-  grep -E '(^(FAILED|ERROR) | (FAILED|ERROR)( |$))' "$OUTDIR/$name.log" | head -30 | tee -a "$OUTDIR/summary.txt"
+    "${opt[@]}" --junitxml="$WORK/$name.xml" "${files[@]}"
+  grep -E '(^(FAILED|ERROR) | (FAILED|ERROR)( |$))' "$WORK/$name.log" 2>/dev/null | head -30 | tee -a "$OUTDIR/summary.txt"
 }
-# 1. Build exactly the variant training uses here (CUDA + CPU ops in one library); without a usable nvcc the
+sanitizer_step() {  # sanitizer_step TOOL: compute-sanitizer on our kernels over one pass of the self-check
+  if [ -z "$SANITIZER" ]; then skip "sanitizer_$1" "compute-sanitizer not found (CUDA_HOME=$CUDA_HOME)"; return; fi
+  # Our kernels only (their names contain "syncbn"); PyTorch's and the driver's own API errors are theirs, not
+  # reported; the caching allocator off, so out-of-bounds accesses inside pooled segments and reads of reused
+  # memory are seen. The self-check builds its inputs on the CPU, in their final layout, and copies them.
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 step "sanitizer_$1" "$SANITIZER" --tool "$1" --report-api-errors no \
+    --kernel-name kns=syncbn --error-exitcode 7 "$PY" -m src.syncbn.selfcheck --quick --sanitizer
+}
+# 1. Exactly the variant training uses here (CUDA + CPU ops in one library); without a usable nvcc the
 #    loader would build the CPU-only variant: the step fails then, with the loader's reason.
 step build "$PY" -c 'from src.syncbn import extension as e; m = e.load_extension(); print(m.__file__, e.last_build_info()); p = e.cuda_kernels_problem(); assert p is None, p'
-if ! grep -q "^build"$'\t'"passed" "$OUTDIR/steps.tsv"; then
-  tail -40 "$OUTDIR/build.log"
-  for s in "${STEPS[@]:2}"; do skip "$s" "the build failed"; done
+if ! grep -q "^build"$'\t'"passed" "$WORK/steps.tsv"; then
+  tail -40 "$WORK/build.log" 2>/dev/null
+  for s in "${STEPS[@]:2}"; do row "$s" skipped - 0 0 "the build failed"; log "$s: SKIPPED (the build failed)"; done
 else
-  # 2. The self-check a training process runs (all cases and dtypes), timed cold and warm.
-  step selfcheck "$PY" -m src.syncbn.selfcheck --json "$OUTDIR/selfcheck.json"
-  # 3. Resident blocks per SM of every kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
-  step occupancy "$PY" scripts/gpu_occupancy.py "$OUTDIR/occupancy.json"
-  # 4. Our kernels against PyTorch's on two small shapes (its own correctness columns are in the JSON).
-  step bench "$PY" scripts/bench_syncbn_cuda.py --quick --json "$OUTDIR/bench_syncbn_cuda.json"
-  # 5. The single-process kernel tests marked cuda: an explicit list (a missing optional package elsewhere
-  #    cannot stop collection), pytest.ini's addopts dropped, a per-test timeout.
-  kernel_tests=(tests/syncbn/test_cuda_kernels.py tests/syncbn/test_cuda_large_index.py
-    tests/syncbn/test_cuda_kernel_fixes.py tests/syncbn/test_kernel_errors.py tests/syncbn/test_selfcheck.py
-    tests/syncbn/test_module_single.py tests/syncbn/test_gradcheck.py tests/syncbn/test_errors.py)
-  # part: segmentation
-  kernel_tests+=(tests/models/test_cuda.py)
-  # /part
-  pytest_step kernel_tests 60 "${kernel_tests[@]}"
-  # 6. compute-sanitizer on our kernels only (kernel names contain "syncbn"), one pass over every self-check
-  #    case; the caching allocator off, so out-of-bounds accesses inside pooled segments and reads of
-  #    reused memory are seen.
-  for tool in memcheck initcheck racecheck synccheck; do
-    if [ -z "$SANITIZER" ]; then skip "sanitizer_$tool" "compute-sanitizer not found (CUDA_HOME=$CUDA_HOME)"; continue; fi
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 step "sanitizer_$tool" "$SANITIZER" --tool "$tool" --kernel-name kns=syncbn \
-      --error-exitcode 7 "$PY" -m src.syncbn.selfcheck --quick
-  done
+  # 2. The self-check a training process runs (every case and dtype), cold and warm.
+  step selfcheck "$PY" -m src.syncbn.selfcheck --json "$WORK/selfcheck.json"
+  # 3. Resident blocks per SM of every kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor, registers).
+  step occupancy "$PY" scripts/gpu_occupancy.py "$WORK/occupancy.json"
+  # 4. The host-side cost per training step of BatchNorm, the gather exchange and the SyncBN exchange.
+  if [ -f scripts/bench_exchange_host.py ]; then
+    step exchange_host "$PY" scripts/bench_exchange_host.py --device cuda --world-size 8 --model resnet50 \
+      --dtype bfloat16 --channels-last --batch 32 --json "$WORK/exchange_host.json"
+  else
+    skip exchange_host "script missing"
+  fi
+  # 5. The single-process tests marked cuda: an explicit list (a missing optional package elsewhere cannot
+  #    stop collection), pytest.ini's addopts dropped, a per-test timeout.
+  pytest_step kernel_tests 60
+  # 6. compute-sanitizer's memcheck and racecheck on our kernels.
+  sanitizer_step memcheck
+  sanitizer_step racecheck
   # 7. A few float64 training steps, norm=syncbn vs norm=torch_syncbn over NCCL (2 processes on 2+ GPUs; one
   #    process on one GPU: reported partial).
-  step train_compare "$PY" scripts/gpu_train_compare.py "$OUTDIR/train_compare" --steps 6 --timeout 60
-  # 8. The slower cuda tests: multi-process (gloo/NCCL) and torch.compile.
-  pytest_step slow_tests 120 tests/syncbn/test_collective_protocol.py tests/syncbn/test_distributed_equivalence.py \
-    tests/syncbn/test_ddp_training.py tests/syncbn/test_compile.py
+  step train_compare "$PY" scripts/gpu_train_compare.py "$WORK/train_compare" --steps 6 --timeout 45
+  # 8. If time is left: the kernel benchmark, the loader with and without decoding on the GPU, the other two
+  #    sanitizer tools, the slower multi-process and compile tests.
+  step bench "$PY" scripts/bench_syncbn_cuda.py --quick --json "$WORK/bench_syncbn_cuda.json"
+  step bench_loader "$PY" scripts/bench_loader.py --device cuda --images 512 --rounds 3 --json "$WORK/bench_loader.json"
+  sanitizer_step initcheck
+  sanitizer_step synccheck
+  pytest_step slow_tests 120
 fi
 COMPLETE=1
 exit "$FAILED"

@@ -2,7 +2,7 @@
 float64 on GPUs over NCCL, compared step by step: train losses and the final parameters. Run by
 scripts/gpu_check.sh (`make gpu-check`).
 
-    python scripts/gpu_train_compare.py OUT_DIR [--steps 6] [--nproc 2]
+    python scripts/gpu_train_compare.py OUT_DIR [--steps 6] [--nproc 2] [--timeout 45]
 
 Two processes need two GPUs (NCCL refuses two ranks on one GPU); with one GPU visible the compare runs one
 process, and the JSON says so. In float64 both norms compute the same statistics up to summation order,
@@ -27,15 +27,32 @@ LOSS_RTOL = 1e-9
 PARAM_ATOL = 1e-7
 
 
-def run_training(norm: str, run_dir: Path, steps: int, nproc: int, timeout_s: float) -> subprocess.CompletedProcess:
-    """train.py under torchrun with `norm`, float64, deterministic, logging every step."""
+def child_env() -> dict[str, str]:
+    """This environment with the repository put in front of PYTHONPATH, which is kept: on a GPU node it also
+    names the folder scripts/gpu_check.sh installed the carried wheels (Hydra) into."""
+    path = [str(REPO), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def run_training(norm: str, run_dir: Path, steps: int, nproc: int, timeout_s: float) -> int | str:
+    """train.py under torchrun with `norm`, float64, deterministic, logging every step: its exit status, or
+    "timed out" when it ran past `timeout_s` (it is killed then; its log says how far it got)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            f"norm={norm}", "model=resnet20", "data=shapes", "data.train_size=256", "data.val_size=64",
            "data.batch_size=16", "device=cuda", "trainer.dtype=float64", "trainer.deterministic=true",
            f"trainer.max_steps={steps}", "trainer.log_every=1", "seed=0", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(run_dir.with_suffix(".log"), "w") as log:
-        return subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+    with open(run_dir.with_suffix(".log"), "w") as log, subprocess.Popen(
+            cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT) as proc:
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: torchrun then ends its workers (a SIGKILL would leave them on the GPU).
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return "timed out"
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -67,7 +84,7 @@ def main() -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per training run")
+    parser.add_argument("--timeout", type=float, default=45.0, help="seconds per training run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_train_compare: no CUDA GPU visible; nothing to compare", file=sys.stderr)
@@ -78,8 +95,8 @@ def main() -> int:
                     "note": "" if nproc >= 2 else "one GPU visible: one process (NCCL needs one GPU per rank)"}
     for norm in ("syncbn", "torch_syncbn"):
         t0 = time.monotonic()
-        proc = run_training(norm, args.out_dir / norm, args.steps, nproc, args.timeout)
-        result[f"{norm}_rc"], result[f"{norm}_s"] = proc.returncode, round(time.monotonic() - t0, 1)
+        rc = run_training(norm, args.out_dir / norm, args.steps, nproc, args.timeout)
+        result[f"{norm}_rc"], result[f"{norm}_s"] = rc, round(time.monotonic() - t0, 1)
     ok = result["syncbn_rc"] == 0 and result["torch_syncbn_rc"] == 0
     if ok:
         result.update(compare(args.out_dir / "syncbn", args.out_dir / "torch_syncbn"))

@@ -1,7 +1,8 @@
-"""`make gpu-check` (scripts/gpu_check.sh) off a GPU: it must stop at once with a clear message and exit 2,
-having checked nothing; and, run against fake nvidia-smi / nvcc / compute-sanitizer / python executables
-(small shell scripts written here), its preflight, step order, caps, timeouts and report.json.
-(shellcheck and `bash -n` of the script: tests/cluster/test_launch_scripts.py.)"""
+"""`make gpu-check` (scripts/gpu_check.sh) off a GPU: it must stop at once, say why in its report, and exit 2;
+and, run against fake nvidia-smi / nvcc / compute-sanitizer / python executables (small shell scripts:
+tests/support/gpu_fakes.py), its preflight, step order, caps, budget, timeouts, hard stop and report in
+every outcome, in at most three files. (shellcheck and `bash -n` of the script:
+tests/cluster/test_launch_scripts.py.)"""
 from __future__ import annotations
 
 import json
@@ -9,84 +10,32 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.gpu_fakes import SCRIPT, fake_machine, wheel
+
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "gpu_check.sh"
-ORDER = ["build", "selfcheck", "occupancy", "bench", "kernel_tests", "sanitizer_memcheck", "sanitizer_initcheck",
-         "sanitizer_racecheck", "sanitizer_synccheck", "train_compare", "slow_tests"]
-DEFAULT_CAPS = {"build": 300, "selfcheck": 60, "occupancy": 30, "bench": 60, "kernel_tests": 150,
-                "sanitizer_memcheck": 60, "sanitizer_initcheck": 60, "sanitizer_racecheck": 60,
-                "sanitizer_synccheck": 60, "train_compare": 150, "slow_tests": 240}
-
-# The fake python: the script's probe gets a GPU machine's answers; gpu_check_report.py runs on the real
-# interpreter; a step (GPU_CHECK_STEP in its environment) is logged, then passes, fails (FAKE_FAIL), or sleeps
-# (FAKE_SLOW; ignoring SIGTERM with FAKE_IGNORE_TERM=1, so only timeout's KILL ends it).
-FAKE_PYTHON = r"""#!/bin/sh
-case "$1" in *gpu_check_report.py) exec "$REAL_PYTHON" "$@" ;; esac
-if [ -z "${GPU_CHECK_STEP:-}" ]; then
-  case "$*" in *gpu_check_probe.py*)
-    printf 'include=%s\npytest_timeout=1\nkind=gpu\ntorch=2.14.1+cu130\ncuda=13.0\n' "$FAKE_INCLUDE"
-    printf 'gpus=1\nname=Fake_H200\ncap=9.0\n' ;;
-  esac
-  exit 0
-fi
-echo "$GPU_CHECK_STEP|nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-}|$*" >>"$FAKE_LOG"
-if [ "$GPU_CHECK_STEP" = train_compare ]; then mkdir -p "$2" && echo '{"nproc": 1}' >"$2/train_compare.json"; fi
-case " ${FAKE_FAIL:-} " in *" $GPU_CHECK_STEP "*) echo "FAILED tests/x.py::test_fake"; exit 1 ;; esac
-case " ${FAKE_SLOW:-} " in *" $GPU_CHECK_STEP "*)
-  echo $$ >"$FAKE_LOG.slowpid"
-  if [ "${FAKE_IGNORE_TERM:-0}" = 1 ]; then trap '' TERM; fi
-  exec sleep 60 ;;
-esac
-exit 0
-"""
-FAKE_NVIDIA_SMI = """#!/bin/sh
-if [ "${FAKE_NO_DRIVER:-0}" = 1 ]; then
-  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9
-fi
-[ "$1" = -L ] && { echo "GPU 0: Fake H200 (UUID: GPU-0)"; exit 0; }
-echo "| NVIDIA-SMI 580.00   Driver Version: 580.00   CUDA Version: 13.0 |"
-"""
-FAKE_NVCC = """#!/bin/sh
-echo "Cuda compilation tools, release ${FAKE_NVCC_RELEASE:-13.0}, V13.0.48"
-"""
-# compute-sanitizer: logged, then runs the program after its options.
-FAKE_SANITIZER = """#!/bin/sh
-echo "sanitizer|$*" >>"$FAKE_LOG"
-while [ "$1" != --error-exitcode ]; do shift; done
-shift 2
-exec "$@"
-"""
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
+# The exchange benchmark is a step when its script is in the checkout, else reported "script missing".
+EXCHANGE = (REPO / "scripts" / "bench_exchange_host.py").is_file()
+STEPS = ["build", "selfcheck", "occupancy", "exchange_host", "kernel_tests", "sanitizer_memcheck",
+         "sanitizer_racecheck", "train_compare", "bench", "bench_loader", "sanitizer_initcheck",
+         "sanitizer_synccheck", "slow_tests"]
+ORDER = [s for s in STEPS if EXCHANGE or s != "exchange_host"]  # the steps that run a command
+DEFAULT_CAPS = {"build": 180, "selfcheck": 45, "occupancy": 20, "exchange_host": 100, "kernel_tests": 100,
+                "sanitizer_memcheck": 60, "sanitizer_racecheck": 60, "train_compare": 100, "bench": 45,
+                "bench_loader": 60, "sanitizer_initcheck": 60, "sanitizer_synccheck": 60, "slow_tests": 150}
+OUT_FILES = ["logs.tar.gz", "report.json", "summary.txt"]
 
 
 @pytest.fixture
 def fake_gpu_machine(tmp_path):
     """Fake executables and the environment that points the script at them; returns (env, out, log)."""
-    bin_dir, cuda = tmp_path / "bin", tmp_path / "cuda"
-    _write(bin_dir / "python", FAKE_PYTHON)
-    _write(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
-    _write(bin_dir / "ninja", "#!/bin/sh\nexit 0\n")
-    _write(cuda / "bin" / "nvcc", FAKE_NVCC)
-    _write(cuda / "bin" / "compute-sanitizer", FAKE_SANITIZER)
-    _write(cuda / "include" / "cuda_runtime.h", "")
-    _write(tmp_path / "include" / "Python.h", "")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
-           "REAL_PYTHON": sys.executable, "CUDA_HOME": str(cuda), "FAKE_INCLUDE": str(tmp_path / "include"),
-           "FAKE_LOG": str(tmp_path / "calls.log"), "SYNCTRAIN_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    for key in ("FAKE_FAIL", "FAKE_SLOW", "GPU_CHECK_CAPS", "GPU_CHECK_BUDGET_S", "CXX", "TORCH_CUDA_ARCH_LIST"):
-        env.pop(key, None)
-    return env, tmp_path / "out", tmp_path / "calls.log"
+    return fake_machine(tmp_path, sys.executable), tmp_path / "out", tmp_path / "calls.log"
 
 
 def _run(env: dict, out: Path, **extra: str) -> subprocess.CompletedProcess:
@@ -95,23 +44,35 @@ def _run(env: dict, out: Path, **extra: str) -> subprocess.CompletedProcess:
 
 
 def _calls(log: Path) -> list[list[str]]:
-    return [line.split("|", 2) for line in log.read_text().splitlines()] if log.exists() else []
+    return [line.split("|") for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
 
 
 def _steps(out: Path) -> dict[str, dict]:
-    return {s["step"]: s for s in json.loads((out / "report.json").read_text())["steps"]}
+    return {s["step"]: s for s in _report(out)["steps"]}
+
+
+def _no_scratch_left(tmp_path: Path) -> bool:
+    return not list(tmp_path.glob("gpu_check.*"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: make gpu-check would run for real")
-def test_stops_clearly_without_a_gpu(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable}
+def test_stops_clearly_without_a_gpu_and_reports_it(tmp_path):
+    """The real interpreter (a CUDA build of torch, no GPU here): exit 2 at once, and a report that says why."""
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
     proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "STOP: no CUDA GPU visible" in proc.stdout and "torch.cuda.is_available() is False" in proc.stdout
-    assert "nothing was checked" in proc.stdout
-    assert "STOP: no CUDA GPU visible" in (tmp_path / "out" / "summary.txt").read_text()
-    assert not (tmp_path / "out" / "report.json").exists()
+    assert "nothing was checked" in (tmp_path / "out" / "summary.txt").read_text()
+    report = _report(tmp_path / "out")
+    assert report["complete"] is False and report["passed"] is False
+    assert report["reason"].startswith("no CUDA GPU visible") and "nothing was checked" in report["reason"]
+    assert all(s["status"] == "skipped" and "not reached" in s["note"] for s in report["steps"])
+    assert sorted(os.listdir(tmp_path / "out")) == OUT_FILES and _no_scratch_left(tmp_path)
 
 
 def test_make_target_runs_the_script_with_the_out_dir():
@@ -122,12 +83,12 @@ def test_make_target_runs_the_script_with_the_out_dir():
     assert proc.stdout.strip() == "bash scripts/gpu_check.sh /tmp/somewhere"
 
 
-def test_steps_run_in_order_under_their_caps_into_a_fresh_report(fake_gpu_machine):
+def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, tmp_path):
     env, out, log = fake_gpu_machine
     out.mkdir()
-    (out / "selfcheck.json").write_text('{"stale": true}')  # an earlier run's files are never merged
-    (out / "report.json").write_text('{"stale": true}')
-    proc = _run(env, out)
+    (out / "report.json").write_text('{"stale": true}')  # an earlier run's files are never merged
+    wheel(tmp_path / "wheels")
+    proc = _run(env, out, GPU_CHECK_WHEELS=str(tmp_path / "wheels"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = _calls(log)
     assert [c[0] for c in calls if c[0] != "sanitizer"] == ORDER
@@ -135,40 +96,79 @@ def test_steps_run_in_order_under_their_caps_into_a_fresh_report(fake_gpu_machin
     kernel = by_step["kernel_tests"][2]
     assert "-m pytest -o addopts= -m cuda" in kernel and "--timeout 60" in kernel
     assert "tests/syncbn/test_cuda_kernels.py" in kernel and " tests " not in f" {kernel} "
+    assert "tests/data/test_decode_on_device.py" in kernel
     assert "--timeout 120" in by_step["slow_tests"][2] and "tests/syncbn/test_compile.py" in by_step["slow_tests"][2]
-    assert "--quick" in by_step["bench"][2]
-    for tool in ("memcheck", "initcheck", "racecheck", "synccheck"):  # caching allocator off, every case once
+    assert "--quick" in by_step["bench"][2] and "--device cuda" in by_step["bench_loader"][2]
+    sanitizers = [c[1] for c in calls if c[0] == "sanitizer"]
+    assert [s.split()[1] for s in sanitizers] == ["memcheck", "racecheck", "initcheck", "synccheck"]
+    for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):  # caching allocator off, every case once
         assert by_step[f"sanitizer_{tool}"][1] == "nocache=1"
-        assert by_step[f"sanitizer_{tool}"][2].endswith("-m src.syncbn.selfcheck --quick")
+        assert by_step[f"sanitizer_{tool}"][2].endswith("-m src.syncbn.selfcheck --quick --sanitizer")
+    assert all("--report-api-errors no" in s and "--kernel-name kns=syncbn" in s for s in sanitizers)
     assert by_step["selfcheck"][1] == "nocache="
-    report = json.loads((out / "report.json").read_text())
+    # Every step appends to the caller's PYTHONPATH: the repository first, the carried wheels' folder last.
+    for call in calls:
+        if call[0] != "sanitizer":
+            path = call[3].removeprefix("PYTHONPATH=").split(":")
+            assert path[:2] == [str(REPO), "/caller/path"] and path[2].startswith(str(tmp_path / "gpu_check.")), call
+            assert "carried_probe.py" in call[4], call
+    report = _report(out)
     assert report["complete"] is True and report["passed"] is True and "stale" not in report
+    assert "reason" not in report and "running" not in report
     steps = _steps(out)
-    assert list(steps) == ["preflight"] + ORDER
+    assert list(steps) == ["preflight"] + STEPS
+    if not EXCHANGE:
+        assert steps.pop("exchange_host") == {"step": "exchange_host", "status": "skipped", "rc": None, "seconds": 0,
+                                              "cap_s": 0, "note": "script missing"}
     assert all(s["status"] == "passed" for s in steps.values())
-    assert {name: steps[name]["cap_s"] for name in ORDER} == DEFAULT_CAPS
-    assert "result" not in steps["selfcheck"]
+    assert {name: steps[name]["cap_s"] for name in ORDER} == {name: DEFAULT_CAPS[name] for name in ORDER}
+    assert steps["selfcheck"]["result"] == {"passed": True}
     assert steps["train_compare"]["partial"] is True and "one GPU" in steps["train_compare"]["note"]
-    assert "the 570s budget starts now" in proc.stdout
+    assert "of the 420s budget left" in proc.stdout
+    # Three files, whatever the steps wrote: the logs, the XML and the steps' JSON are in the archive.
+    assert sorted(os.listdir(out)) == OUT_FILES and _no_scratch_left(tmp_path)
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"./kernel_tests.log", "./selfcheck.json", "./env.txt", "./steps.tsv",
+            "./train_compare/train_compare.json"} <= names
 
 
 def test_a_step_over_its_cap_is_killed_and_the_others_still_run(fake_gpu_machine):
-    """bench ignores SIGTERM: `timeout -k` kills it 1 s after its 1 s cap; a failing step is reported too."""
+    """bench ignores SIGTERM: `timeout -k` kills it 1 s after its 1 s cap; a failing step is reported too; a
+    cap of 0 skips its step."""
     env, out, log = fake_gpu_machine
     t0 = time.monotonic()
-    proc = _run(env, out, GPU_CHECK_CAPS="bench=1", GPU_CHECK_KILL_AFTER_S="1", FAKE_SLOW="bench",
-                FAKE_IGNORE_TERM="1", FAKE_FAIL="occupancy kernel_tests")
+    proc = _run(env, out, GPU_CHECK_CAPS="bench=1 sanitizer_racecheck=0", GPU_CHECK_KILL_AFTER_S="1",
+                FAKE_SLOW="bench", FAKE_IGNORE_TERM="1", FAKE_FAIL="occupancy kernel_tests")
     assert time.monotonic() - t0 < 30
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert [c[0] for c in _calls(log) if c[0] != "sanitizer"] == ORDER
+    assert [c[0] for c in _calls(log) if c[0] != "sanitizer"] == [s for s in ORDER if s != "sanitizer_racecheck"]
     steps = _steps(out)
     assert steps["bench"]["status"] == "timed out" and steps["bench"]["rc"] == 137 and steps["bench"]["cap_s"] == 1
     assert 1 <= steps["bench"]["seconds"] <= 5
+    assert steps["sanitizer_racecheck"]["status"] == "skipped" and "cap 0" in steps["sanitizer_racecheck"]["note"]
     assert steps["occupancy"]["status"] == "failed" and steps["kernel_tests"]["status"] == "failed"
     assert steps["slow_tests"]["status"] == "passed"
-    report = json.loads((out / "report.json").read_text())
+    report = _report(out)
     assert report["complete"] is True and report["passed"] is False
     assert "FAILED tests/x.py::test_fake" in (out / "summary.txt").read_text()
+
+
+def test_the_budget_shares_out_what_is_left_and_skips_the_rest(fake_gpu_machine):
+    """A 24 s budget: build takes 2 s, selfcheck is cut at what is left after the kill margin (2 s) and the
+    report's share (5 s), and every later step is skipped for want of time; the report is complete."""
+    env, out, log = fake_gpu_machine
+    proc = _run(env, out, GPU_CHECK_BUDGET_S="24", GPU_CHECK_KILL_AFTER_S="2", FAKE_SECONDS="build=2",
+                FAKE_SLOW="selfcheck")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    steps = _steps(out)
+    assert steps["build"]["status"] == "passed"
+    limit = steps["selfcheck"]["cap_s"]
+    assert steps["selfcheck"]["status"] == "timed out" and 10 <= limit <= 24 - 2 - 5 - 2
+    assert all(steps[s]["status"] == "skipped" and "no time left" in steps[s]["note"] for s in ORDER[2:])
+    assert steps["exchange_host"]["status"] == "skipped"
+    report = _report(out)
+    assert report["complete"] is True and report["seconds"] <= 24
 
 
 def test_a_failed_build_skips_the_rest(fake_gpu_machine):
@@ -178,32 +178,70 @@ def test_a_failed_build_skips_the_rest(fake_gpu_machine):
     assert [c[0] for c in _calls(log)] == ["build"]
     steps = _steps(out)
     assert steps["build"]["status"] == "failed"
-    assert all(steps[s]["status"] == "skipped" and steps[s]["note"] == "the build failed" for s in ORDER[1:])
-    assert json.loads((out / "report.json").read_text())["passed"] is False
+    assert all(steps[s]["status"] == "skipped" and steps[s]["note"] == "the build failed" for s in STEPS[1:])
+    assert _report(out)["passed"] is False
 
 
-def test_a_killed_run_still_leaves_a_report(fake_gpu_machine):
-    """SIGTERM to the script during kernel_tests: the step is ended and recorded, complete is false."""
-    env, out, log = fake_gpu_machine
-    proc = subprocess.Popen(["bash", str(SCRIPT), str(out)], env={**env, "FAKE_SLOW": "kernel_tests"},
+def _start(env: dict, out: Path, log: Path, **extra: str) -> tuple[subprocess.Popen, int]:
+    """The script in the background (its own session), once FAKE_SLOW's step is running: (process, the step's
+    pid)."""
+    proc = subprocess.Popen(["bash", str(SCRIPT), str(out)], env={**env, **extra}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = Path(f"{log}.slowpid")
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert pid_file.exists(), proc.communicate()[0]
+    return proc, int(pid_file.read_text())
+
+
+def test_a_signal_ends_the_step_and_still_leaves_a_report(fake_gpu_machine, tmp_path):
+    """SIGTERM to the script during kernel_tests: the step is ended and recorded, complete is false."""
+    env, out, log = fake_gpu_machine
+    proc, slow_pid = _start(env, out, log, FAKE_SLOW="kernel_tests")
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=30)[0]
     assert proc.returncode == 143, output
-    slow_pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # the step's process went with the run
         os.kill(slow_pid, 0)
-    report = json.loads((out / "report.json").read_text())
-    assert report["complete"] is False and report["passed"] is False
+    report = _report(out)
+    assert report["complete"] is False and report["passed"] is False and report["reason"] == "stopped by SIGTERM"
     steps = _steps(out)
-    assert [steps[s]["status"] for s in ORDER[:4]] == ["passed"] * 4
-    assert steps["kernel_tests"]["status"] == "timed out" and "stopped (signal)" in steps["kernel_tests"]["note"]
-    assert all(steps[s]["status"] == "skipped" and "not reached" in steps[s]["note"] for s in ORDER[5:])
+    before = ORDER[:ORDER.index("kernel_tests")]
+    assert [steps[s]["status"] for s in before] == ["passed"] * len(before)
+    assert steps["kernel_tests"]["status"] == "timed out" and "stopped during this step" in steps["kernel_tests"]["note"]
+    after = STEPS[STEPS.index("kernel_tests") + 1:]
+    assert all(steps[s]["status"] == "skipped" and "not reached" in steps[s]["note"] for s in after)
+    assert sorted(os.listdir(out)) == OUT_FILES and _no_scratch_left(tmp_path)
+
+
+def test_a_hard_kill_leaves_the_report_of_the_last_step(fake_gpu_machine):
+    """SIGKILL (no trap runs): the report written after the last finished step is there, names the step that
+    was running, and says the run is not complete."""
+    env, out, log = fake_gpu_machine
+    proc, slow_pid = _start(env, out, log, FAKE_SLOW="sanitizer_memcheck")
+    step_group = os.getpgid(slow_pid)  # timeout's own process group
+    os.killpg(proc.pid, signal.SIGKILL)  # the script and its watchdog, as a machine taken back would
+    os.killpg(step_group, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    report = _report(out)
+    assert report["complete"] is False and report["running"] == "sanitizer_memcheck"
+    steps = _steps(out)
+    assert steps["kernel_tests"]["status"] == "passed" and steps["sanitizer_memcheck"]["status"] == "skipped"
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "./kernel_tests.log" in tar.getnames()
+
+
+def test_the_watchdog_stops_a_hung_setup_at_the_budget(fake_gpu_machine):
+    """The probe hangs (a driver call that never returns, say): at the budget the run stops with a report."""
+    env, out, log = fake_gpu_machine
+    t0 = time.monotonic()
+    proc = _run(env, out, GPU_CHECK_BUDGET_S="3", FAKE_PROBE_SLEEP="30")
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    report = _report(out)
+    assert report["complete"] is False and report["reason"] == "the 3s budget was spent (hard stop)"
+    assert _calls(log) == []
 
 
 def test_preflight_names_everything_missing_before_building(fake_gpu_machine, tmp_path):
@@ -218,7 +256,40 @@ def test_preflight_names_everything_missing_before_building(fake_gpu_machine, tm
                  "C++ compiler '/nonexistent/c++' not found", "nothing was built"):
         assert part in text, (part, text)
     assert _calls(log) == []  # nothing built or run
-    report = json.loads((out / "report.json").read_text())
-    assert report["complete"] is False
+    report = _report(out)
+    assert report["complete"] is False and "the preflight found 4 missing piece(s)" in report["reason"]
     assert report["steps"][0]["step"] == "preflight" and report["steps"][0]["status"] == "failed"
     assert "Python.h" in report["steps"][0]["note"]
+
+
+# --- scripts/gpu_train_compare.py's own handling (its training needs a GPU) ---------------------------------
+
+def test_train_compare_keeps_the_callers_pythonpath(monkeypatch):
+    from scripts import gpu_train_compare
+
+    monkeypatch.setenv("PYTHONPATH", f"/carried/site:{REPO}")
+    assert gpu_train_compare.child_env()["PYTHONPATH"] == f"{REPO}:/carried/site"
+
+
+def test_train_compare_reports_a_run_past_its_timeout(tmp_path):
+    """torchrun cannot start training within 0.5 s: the run is ended and reported "timed out", not raised."""
+    from scripts import gpu_train_compare
+
+    t0 = time.monotonic()
+    assert gpu_train_compare.run_training("syncbn", tmp_path / "run", 1, 1, 0.5) == "timed out"
+    assert time.monotonic() - t0 < 20
+    assert (tmp_path / "run.log").is_file()
+
+
+def test_the_loader_benchmark_runs_every_mode(tmp_path):
+    """scripts/bench_loader.py (gpu-check's bench_loader step, there on a GPU) on a few images on the CPU."""
+    out = tmp_path / "loader.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_loader.py", "--images", "16", "--side", "64", "--crop",
+                           "48", "--batch-size", "8", "--workers", "0", "--rounds", "1", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["images_per_s"]) == {"float32 (workers normalise)", "uint8 (device_transforms)",
+                                           "bytes (decode_on_device)"}
+    assert all(rate > 0 for rate in result["images_per_s"].values())
+    assert result["bytes_per_batch"]["bytes (decode_on_device)"] < result["bytes_per_batch"]["uint8 (device_transforms)"]

@@ -15,8 +15,9 @@ struct KernelOccupancy {
   int block_threads;       // threads per block of its launches
   int blocks_per_sm;       // resident blocks per SM
   int max_threads_per_sm;  // the SM's thread slots
-  int registers;           // per thread (-1: unknown, the emulated build)
-  int local_bytes;         // per thread, spills included (-1: unknown)
+  int registers;           // per thread (emulated: the emulated device's parameter)
+  int local_bytes;         // per thread, spills included (emulated: 0)
+  const void* function;    // the kernel's address (the emulated build looks its launch-log name up by it)
 };
 
 void stats_occupancy(std::vector<KernelOccupancy>& out);

@@ -1,13 +1,15 @@
 // Python module of the emulated build: the eight syncbn::cuda ops (csrc/cuda/, compiled by the host
 // compiler against the SIMT emulation) with the same Python signatures as the real extension's, taking
-// CPU tensors (host memory plays device memory); the emulated device's properties; the launch log and
-// counters; and the probe kernels that test the emulator itself (csrc/simt/probes.cu).
+// CPU tensors (host memory plays device memory), and kernel_occupancy as the real one reports it, from
+// the emulated device's model; the emulated device's properties; the launch log and counters; and the
+// probe kernels that test the emulator itself (csrc/simt/probes.cu).
 //
 // pybind.h (tensor casters) rather than <torch/extension.h>: the whole C++ frontend costs ~20 s of CPU
 // per compile and nothing here uses it.
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "../cuda/occupancy.h"
 #include "../cuda/reduce_probe.h"
 #include "../ops.h"
 #include "device_memory.h"
@@ -123,6 +125,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("mean"), py::arg("invstd"), py::arg("weight"), py::arg("reduced"), py::arg("count"),
         "dx from the all-reduced [sum_dy, sum_dy_xhat] and the global count.");
 
+  // The same entries as the real extension's kernel_occupancy (csrc/bindings.cpp): what the emulated device's
+  // occupancy model gives each kernel, with the registers per thread the device assumes for it.
+  m.def("kernel_occupancy", [](int device) {
+        py::list out;
+        for (const auto& k : syncbn::cuda::kernel_occupancy(device)) {
+          py::dict d;
+          d["kernel"] = k.kernel;
+          d["block_threads"] = k.block_threads;
+          d["blocks_per_sm"] = k.blocks_per_sm;
+          d["max_threads_per_sm"] = k.max_threads_per_sm;
+          d["occupancy"] = double(k.blocks_per_sm * k.block_threads) / double(k.max_threads_per_sm);
+          d["registers"] = k.registers;
+          d["local_bytes"] = k.local_bytes;
+          d["launch_name"] = syncbn::simt::detail::registered_name(k.function);  // as launches() spells it
+          out.append(d);
+        }
+        return out;
+      }, py::arg("device") = 0,
+      "Resident blocks per SM of every kernel on the emulated device (its model of "
+      "cudaOccupancyMaxActiveBlocksPerMultiprocessor), with the registers per thread it assumes and the "
+      "kernel's name as the launch log spells it (what registers.NAME=N in the device spec matches).");
   m.def("set_device", [](const std::string& spec) { simt::set_device(simt::parse_device(spec)); },
         py::arg("spec"), "Emulate another device: 'h100', 'a100', 'orin', optionally ',key=value,...' "
         "(registers.KERNEL_PREFIX=N: that kernel's registers per thread, which bound its resident blocks).");

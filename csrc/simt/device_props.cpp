@@ -101,10 +101,20 @@ DeviceProps& device_slot() {
 }  // namespace
 
 DeviceProps parse_device(const std::string& spec) {
+  // Items are separated by the commas outside <...>: a kernel's name in registers.NAME=N may hold template
+  // arguments ("registers.stats_channels_last_kernel<c10::BFloat16, 8>=112").
   std::vector<std::string> parts;
-  std::stringstream ss(spec);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) parts.push_back(item);
+  std::string item;
+  int depth = 0;
+  for (const char ch : spec + ",") {
+    if (ch == ',' && depth == 0) {
+      if (!item.empty()) parts.push_back(item);
+      item.clear();
+      continue;
+    }
+    depth += ch == '<' ? 1 : ch == '>' && depth > 0 ? -1 : 0;
+    item += ch;
+  }
   size_t i = 0;
   DeviceProps p;
   if (!parts.empty() && parts[0].find('=') == std::string::npos) p = preset(parts[i++]);

@@ -42,7 +42,8 @@ int kernel_registers(const DeviceProps& props, const std::string& kernel);
 // SMs), a100 (108 SMs), orin (16 SMs x 1536 threads: Jetson AGX Orin). Keys are the field names above
 // (max_block_dim_x/y/z, max_grid_dim_x/y/z for the arrays), and registers.PREFIX=N for one entry of
 // kernel_registers (e.g. "h100,registers.stats_channels_last_kernel=112": those kernels fit 2 blocks of
-// 256 threads per SM). Raises c10::Error on anything else.
+// 256 threads per SM; a prefix may hold template arguments, whose commas do not separate items:
+// "registers.stats_channels_last_kernel<c10::BFloat16, 8>=112"). Raises c10::Error on anything else.
 DeviceProps parse_device(const std::string& spec);
 
 // The device launches use now: SYNCTRAIN_SIMT_DEVICE at first use (default h100), then set_device().

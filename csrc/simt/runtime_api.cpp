@@ -158,6 +158,24 @@ bool register_kernel_name(const void* kernel, const char* name) {
   return true;
 }
 
+std::string registered_name(const void* kernel) {
+  std::lock_guard<std::mutex> lock(names_mutex());
+  auto it = kernel_names().find(kernel);
+  return it != kernel_names().end() ? it->second : std::string();
+}
+
+cudaError_t func_attributes(cudaFuncAttributes* attr, const void* kernel) {
+  if (attr == nullptr) {
+    set_last_error(cudaErrorInvalidValue, "cudaFuncGetAttributes: no attributes to fill");
+    return cudaErrorInvalidValue;
+  }
+  const DeviceProps d = current_device();
+  *attr = cudaFuncAttributes{};
+  attr->numRegs = kernel_registers(d, registered_name(kernel));
+  attr->maxThreadsPerBlock = d.max_threads_per_block;
+  return cudaSuccess;
+}
+
 // The occupancy calculator's arithmetic (CUDA's cuda_occupancy.h), without the per-architecture
 // details that do not bound a 256-thread block: warps, registers per warp rounded up to 256, shared
 // memory per block including the runtime's reserved share.
@@ -169,12 +187,7 @@ cudaError_t occupancy(int* blocks, const void* kernel, int block_threads, size_t
                    std::to_string(d.max_threads_per_block));
     return cudaErrorInvalidValue;
   }
-  std::string name;
-  {
-    std::lock_guard<std::mutex> lock(names_mutex());
-    auto it = kernel_names().find(kernel);
-    if (it != kernel_names().end()) name = it->second;
-  }
+  const std::string name = registered_name(kernel);
   const int64_t warps = (block_threads + d.warp_size - 1) / d.warp_size;
   const int64_t registers = kernel_registers(d, name);
   const int64_t registers_per_warp = (registers * d.warp_size + 255) / 256 * 256;
@@ -238,6 +251,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device
                                    "cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");
       return cudaErrorInvalidValue;
   }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
   return cudaSuccess;
 }
 

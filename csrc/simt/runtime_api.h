@@ -1,6 +1,7 @@
 // The host-side CUDA surface the SyncBN launchers use, emulated: dim3/uint3, cudaError_t and
 // cudaGetLastError, cudaDeviceGetAttribute on the emulated device (device_props.h),
-// cudaFuncSetAttribute for dynamic shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+// cudaFuncSetAttribute for dynamic shared memory, cudaOccupancyMaxActiveBlocksPerMultiprocessor and
+// cudaFuncGetAttributes (registers per thread), cudaGetDevice,
 // streams, c10::cuda::CUDAGuard and getCurrentCUDAStream, and c10's C10_CUDA_CHECK / C10_CUDA_KERNEL_LAUNCH_CHECK. Same names and
 // meanings as the real ones, so the launch code in csrc/cuda compiles unchanged.
 #pragma once
@@ -8,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstddef>
+#include <string>
 
 struct uint3 {
   unsigned int x, y, z;
@@ -57,8 +59,20 @@ enum cudaFuncAttribute {
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 
+// What cudaFuncGetAttributes reports of a kernel, as far as the emulated device models it: its registers per
+// thread (DeviceProps::kernel_registers), the block size it may launch with; no local memory.
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes = 0;
+  size_t constSizeBytes = 0;
+  size_t localSizeBytes = 0;
+  int maxThreadsPerBlock = 0;
+  int numRegs = 0;
+};
+
 // The emulated device's property (the device ordinal is ignored: there is one emulated device).
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+// The one emulated device: 0.
+cudaError_t cudaGetDevice(int* device);
 // The error of the last launch that could not start (invalid configuration), then cleared.
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
@@ -67,9 +81,12 @@ const char* cudaGetErrorString(cudaError_t error);
 namespace syncbn::simt::detail {
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int value);
 cudaError_t occupancy(int* blocks, const void* kernel, int block_threads, size_t dynamic_smem);
+cudaError_t func_attributes(cudaFuncAttributes* attr, const void* kernel);
 // Names the kernel at `kernel` (its address) for the occupancy query, which looks up its registers per
 // thread by name (DeviceProps::kernel_registers); every kernel a Launch names registers itself at load.
 bool register_kernel_name(const void* kernel, const char* name);
+// The name a launch registered for `kernel` ("" for a kernel no launch names).
+std::string registered_name(const void* kernel);
 // Why the last launch failed to start, in words (appended to C10_CUDA_CHECK's message).
 const char* last_error_detail();
 }  // namespace syncbn::simt::detail
@@ -88,6 +105,12 @@ template <typename F>
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F* kernel, int block_threads,
                                                           size_t dynamic_smem) {
   return ::syncbn::simt::detail::occupancy(blocks, reinterpret_cast<const void*>(kernel), block_threads, dynamic_smem);
+}
+
+// The kernel's attributes on the emulated device (above): the registers per thread the occupancy query uses.
+template <typename F>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F* kernel) {
+  return ::syncbn::simt::detail::func_attributes(attr, reinterpret_cast<const void*>(kernel));
 }
 
 namespace c10::cuda {

@@ -5,7 +5,8 @@ bytes to pin and copy); `move_batch` copies a batch to the device (non_blocking,
 finishes it there with the maths of NormalizeUint8 and v2.RandomErasing(value=0), so the model sees the
 same tensors as when the workers normalise. Random erasing's rectangles are still drawn in the workers,
 under each sample's seed (src/data/seeded.py), and travel with the target as `ErasedTarget`; only the
-zeroing runs here. `prefetch` copies the next batch on a side CUDA stream while the current one trains.
+zeroing runs here. `prefetch` copies the next batch on a side CUDA stream while the current one trains (with
+data.decode_on_device: decodes and augments it on a producer thread).
 
     transform = DeviceTransform.from_config(cfg) if device_transforms_enabled(cfg, device) else None
     for images, targets in prefetch(loader, partial(move_batch, device=device, dtype=dtype, transform=transform)):
@@ -13,6 +14,7 @@ zeroing runs here. `prefetch` copies the next batch on a side CUDA stream while 
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
@@ -135,15 +137,25 @@ def _targets_to(targets: Any, device: torch.device) -> Any:
     return targets.to(device, non_blocking=True)
 
 
-def prefetch(batches: Iterable[tuple[torch.Tensor, Any]], move: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]],
-             device: torch.device) -> Iterator[tuple[torch.Tensor, Any]]:
+def prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tuple[torch.Tensor, Any]],
+             device: torch.device, threaded: bool = False) -> Iterator[tuple[torch.Tensor, Any]]:
     """move(*batch) for each batch; on CUDA one batch ahead, on a side stream, so copies overlap compute.
 
     The side stream waits for the current stream before each copy (the pinned source and the caching
     allocator's memory are the current stream's), the current stream waits for the side stream before
     a batch is handed out, and record_stream tells the allocator the tensors are used on the current
     stream. Elsewhere (CPU) it is plain `move`, batch by batch, and needs no CUDA.
+
+    threaded (data.decode_on_device, whose `move` decodes and augments: tens of milliseconds of kernel launches
+    per batch): `move` runs one batch ahead on a producer thread, with a stream of its own on CUDA, while this
+    thread trains; this thread still draws the batches from `batches` (the loader, whose own work may use
+    the global RNG). `move` must draw nothing from torch's global RNG (DeviceDecoder replays drawn plans).
+    A batch is handed out once the producer has issued it: its stream's work is waited for on the device
+    (an event), never by the host. An error on the producer is raised here.
     """
+    if threaded:
+        yield from _threaded_prefetch(batches, move, torch.device(device))
+        return
     if torch.device(device).type != "cuda":
         for images, targets in batches:
             yield move(images, targets)
@@ -167,6 +179,44 @@ def prefetch(batches: Iterable[tuple[torch.Tensor, Any]], move: Callable[[torch.
         ahead = next(it, None)
         pending = issue(ahead) if ahead is not None else None
         yield ready
+
+
+def _threaded_prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tuple[torch.Tensor, Any]],
+                       device: torch.device) -> Iterator[tuple[torch.Tensor, Any]]:
+    """prefetch(threaded=True): `move` on one producer thread, one batch ahead (see prefetch)."""
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    current = torch.cuda.current_stream(device) if cuda else None
+    stream = torch.cuda.Stream(device) if cuda else None
+
+    def produce(batch: tuple[Any, Any]) -> tuple[tuple[torch.Tensor, Any], Any]:
+        if not cuda:
+            return move(*batch), None
+        # No wait for the training stream: the producer's memory is its own stream's (the caching allocator
+        # keeps a pool per stream; what is handed out is recorded as used on the training stream below), and
+        # the pinned memory it copies from is recorded on its stream by the copies themselves.
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            out = move(*batch)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return out, done
+
+    # One worker: batches are produced in order. Leaving the loop early (an exception, a stop) waits for the
+    # batch in flight (the executor's exit), so nothing runs on after the loop.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as producer:
+        it = iter(batches)
+        ahead = next(it, None)
+        pending = producer.submit(produce, ahead) if ahead is not None else None
+        while pending is not None:
+            ready, done = pending.result()
+            ahead = next(it, None)
+            pending = producer.submit(produce, ahead) if ahead is not None else None
+            if done is not None:
+                current.wait_event(done)
+                for t in _tensors(ready):
+                    t.record_stream(current)
+            yield ready
 
 
 def _tensors(batch: Any) -> Iterator[torch.Tensor]:

@@ -176,9 +176,10 @@ class Trainer:
         images_seen, data_seconds = 0, 0.0
         started = waited = time.perf_counter()
         move = partial(self.task.to_device, device=self.device, dtype=self.dtype, transform=self.device_transform)
-        # With device transforms, the next batch's copy runs on a side CUDA stream during this step.
-        batches = (prefetch(self._bar, move, self.device) if self.device_transform is not None
-                   else (move(*batch) for batch in self._bar))
+        # With device transforms, the next batch's copy runs on a side CUDA stream during this step (decoding on
+        # the device: on a producer thread).
+        batches = (prefetch(self._bar, move, self.device, threaded=self.device_transform.decoder is not None)
+                   if self.device_transform is not None else (move(*batch) for batch in self._bar))
         for index, (images, targets) in enumerate(batches, start=p.micro_batch):
             data_seconds += time.perf_counter() - waited
             images, targets = self._keep(images, targets)

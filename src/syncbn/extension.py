@@ -301,7 +301,9 @@ def make_emulated_spec(fault: bool = False) -> BuildSpec:
     # -x c++: the .cu files are C++ to the host compiler (cpp_extension hands them to it because the
     # variant is built without CUDA). No -DNDEBUG: the emulation's own asserts stay on. -ffp-contract=off: every
     # a * b + c rounds twice, as the kernels' __fmul_rn / __fmaf_rn spell it out where it matters (reduce.cuh).
-    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas", "-ffp-contract=off"]
+    # -std=c++20: the emulation is C++20 (std::source_location, <bit>), and PyTorch 2.11 compiles extensions as
+    # C++17 (2.13 and later as C++20; the last -std on the line wins).
+    cflags = ["-O2", "-DSYNCBN_SIMT", "-x", "c++", "-Wno-unknown-pragmas", "-ffp-contract=off", "-std=c++20"]
     if fault:
         cflags.append("-DSYNCTRAIN_SELFCHECK_FAULT")
     # The compiler goes through csrc/simt/instrumented_cxx.sh, which adds -fsanitize=thread (without its

@@ -6,6 +6,7 @@ runs on the CPU (gloo) as well as on GPUs, and uneven or empty per-rank batches 
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -16,6 +17,9 @@ from .collectives import resolve_group
 from .functions import sync_batch_norm
 from .recompute import ledger_of, recomputing
 from .selfcheck import check_first_use
+
+# PyTorch 2.11's nn.BatchNorm has no bias= (2.13's has); SyncBatchNorm passes it on only where it exists.
+_BATCHNORM_TAKES_BIAS = "bias" in inspect.signature(_BatchNorm.__init__).parameters
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -59,9 +63,11 @@ class SyncBatchNorm(_BatchNorm):
         *,
         bias: bool = True,
     ) -> None:
-        super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, bias=bias
-        )
+        if not bias and not _BATCHNORM_TAKES_BIAS:
+            raise ValueError(f"{type(self).__name__}(bias=False) needs a PyTorch whose nn.BatchNorm takes bias= (2.13 "
+                             f"and later); this one is {torch.__version__}: keep bias=True or upgrade PyTorch")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
+                         **({"bias": bias} if _BATCHNORM_TAKES_BIAS else {}))
         self.process_group = process_group
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -111,8 +117,9 @@ class SyncBatchNorm(_BatchNorm):
             )
 
         if input.is_cuda and input.device != self._checked_on and not torch.compiler.is_compiling():
-            # Our CUDA kernels' self-check, once per device and process, unless the trainer's gate ran it.
-            check_first_use(input.device)
+            # Our CUDA kernels' self-check, once per device and process (agreed on this layer's group), unless the
+            # trainer's gate ran it.
+            check_first_use(input.device, self.process_group, self.group_size)
             self._checked_on = input.device
         if self.eps <= 0.0:  # same check and words as F.batch_norm, which this path does not call
             raise ValueError(f"batch_norm eps must be positive during training, but got {self.eps}")

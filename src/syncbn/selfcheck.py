@@ -13,8 +13,9 @@ reference decides. In a process group every rank's verdict is reduced (one all_r
 acts, so all ranks raise (norm.cuda_selfcheck=error) or all fall back together, and none is left waiting.
 
 Outside the trainer, each process checks a CUDA device at the first training forward of a SyncBatchNorm
-layer on it (`check_first_use`; SYNCTRAIN_SYNCBN_SELFCHECK=error|warn|off), in that process alone, or when the
-user calls `check(device)` (e.g. before compiling); a remembered pass makes both free.
+layer on it (`check_first_use`; SYNCTRAIN_SYNCBN_SELFCHECK=error|warn|off), and the ranks of the layer's group
+agree on the verdict (one all_reduce there); or when the user calls `check(device)` (e.g. before compiling),
+in that process alone unless given a group; a remembered pass makes the check itself free.
 
 The very same `run_selfcheck` runs in `make test` on the emulated build (CPU tensors; PyTorch has no CPU
 version of those ops, so the float64 reference alone is the judge there), and against an emulated variant
@@ -72,10 +73,24 @@ class SelfCheckReport:
 
 
 class _Checker:
-    """Runs one case's op chain and compares each output; raises SelfCheckError on the first disagreement."""
+    """Runs one case's op chain and compares each output; raises SelfCheckError on the first disagreement.
 
-    def __init__(self, ops: ModuleType, device: torch.device, use_torch: bool, report: SelfCheckReport) -> None:
-        self.ops, self.device, self.use_torch, self.report = ops, device, use_torch, report
+    staged: every input of our kernels that is not another op's output (the gathered rows, the running
+    statistics, the summed exchange and gradient sums) is made on the CPU and copied to the device, never
+    computed there by a PyTorch kernel: compute-sanitizer's initcheck, watching our kernels only, would not see
+    such a kernel write it (`python -m src.syncbn.selfcheck --sanitizer`). It costs host synchronisations.
+    """
+
+    def __init__(self, ops: ModuleType, device: torch.device, use_torch: bool, report: SelfCheckReport,
+                 staged: bool = False) -> None:
+        self.ops, self.device, self.use_torch, self.report, self.staged = ops, device, use_torch, report, staged
+
+    def _combined(self, tensors: list[torch.Tensor],
+                  combine: Callable[[list[torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        """combine(tensors) on the device, or (staged) on host copies, its result then copied to the device."""
+        if not self.staged:
+            return combine(tensors)
+        return combine([t.cpu() for t in tensors]).to(self.device)
 
     def reference(self, name: str, compute: Callable[[], Any]) -> Any | None:
         """PyTorch's kernel `name` as a second reference; None when it raises (no kernel for this dtype or
@@ -130,9 +145,9 @@ class _Checker:
                 self.check("batch_norm_stats", name, dtype, "local invstd", torch.rsqrt(st[1 + c:] / n + sc.EPS),
                            t_invstd, red_tol, "torch.batch_norm_stats")
         # 2. one gather (running statistics in the parameters' dtype, as in the module)
-        rows = torch.stack(stats)
-        rm = torch.zeros(c, dtype=w.dtype, device=self.device)
-        rv = torch.ones(c, dtype=w.dtype, device=self.device)
+        rows = self._combined(stats, torch.stack)
+        rm = torch.zeros(c, dtype=w.dtype).to(self.device)
+        rv = torch.ones(c, dtype=w.dtype).to(self.device)
         mean, invstd, count = ops.batch_norm_gather_stats(rows, rm, rv, None, sc.MOMENTUM, sc.EPS,
                                                           acc == torch.float64)
         r_mean, r_invstd, r_n, r_rm, r_rv = sc.ref_gather(rows, torch.zeros(c), torch.ones(c))
@@ -151,20 +166,20 @@ class _Checker:
         sums = [ops.batch_norm_mean_sums(st) for st in stats]
         for st, sm in zip(stats, sums):
             self.check("batch_norm_mean_sums", name, dtype, "[n, n*mean]", sm, sc.ref_mean_sums(st), red_tol, f64)
-        total = torch.stack(sums).sum(0)
+        total = self._combined(sums, lambda t: torch.stack(t).sum(0))
         devs = [ops.batch_norm_deviation_sums(st, total) for st in stats]
         for st, dv in zip(stats, devs):
             self.check("batch_norm_deviation_sums", name, dtype, "M2 + n*d^2", dv, sc.ref_deviation_sums(st, total),
                        red_tol, f64)
-        rm_r = torch.zeros(c, dtype=w.dtype, device=self.device)
-        rv_r = torch.ones(c, dtype=w.dtype, device=self.device)
-        outs = ops.batch_norm_reduced_stats(total, torch.stack(devs).sum(0), rm_r, rv_r, None, sc.MOMENTUM, sc.EPS,
-                                            acc == torch.float64)
+        rm_r = torch.zeros(c, dtype=w.dtype).to(self.device)  # made on the CPU: see `staged`
+        rv_r = torch.ones(c, dtype=w.dtype).to(self.device)
+        m2 = self._combined(devs, lambda t: torch.stack(t).sum(0))
+        outs = ops.batch_norm_reduced_stats(total, m2, rm_r, rv_r, None, sc.MOMENTUM, sc.EPS, acc == torch.float64)
         for what, a, e in zip(("mean", "invstd", "count", "running_mean", "running_var"), (*outs[:2], outs[2].view(1),
                               rm_r, rv_r), (r_mean, r_invstd, r_n.view(1), r_rm, r_rv)):
             self.check("batch_norm_reduced_stats", name, dtype, what, a, e, red_tol, f64)
         # 3. elemt per rank, 4. backward_reduce per rank and their sum (the all_reduce)
-        reduced = torch.zeros(2 * c, dtype=acc, device=self.device)
+        reds = []
         for x, dy in zip(xs, dys):
             y = ops.batch_norm_elemt(x, w, b, mean, invstd)
             self.check("batch_norm_elemt", name, dtype, "y", y, sc.ref_elemt(x, w, b, mean, invstd), el_tol, f64)
@@ -182,7 +197,8 @@ class _Checker:
                 if t_red is not None:
                     self.check("batch_norm_backward_reduce", name, dtype, "[sum_dy, sum_dy_xhat]", red,
                                torch.cat([t_red[0], t_red[1] * invstd]), red_tol, "torch.batch_norm_backward_reduce")
-            reduced += red
+            reds.append(red)
+        reduced = self._combined(reds, lambda t: torch.stack(t).sum(0))
         # 5. backward_elemt per rank with the global sums and count
         int_counts = torch.tensor([x.numel() // c for x in xs if x.shape[0] > 0], dtype=torch.int32,
                                   device=self.device)
@@ -211,32 +227,37 @@ class _Checker:
         return t_mean, t_invstd, t_rm, t_rv
 
 
-def default_cases(device: torch.device) -> tuple[sc.Case, ...]:
-    """On a CUDA device: the fixed cases and those sized for its resident blocks (selfcheck_cases.py).
-    Elsewhere (the emulated build): the fixed cases; callers add sc.device_cases for the emulated device."""
+def default_cases(device: torch.device, ops: ModuleType | None = None) -> tuple[sc.Case, ...]:
+    """On a CUDA device: the fixed cases and those sized for the kernels' resident blocks there (SMs x the
+    blocks per SM of `ops.kernel_occupancy`, which counts their registers: selfcheck_cases.py). Elsewhere
+    (the emulated build): the fixed cases; callers add sc.device_cases for the emulated device."""
     if device.type != "cuda":
         return sc.CASES
     props = torch.cuda.get_device_properties(device)
-    return sc.cases_for(sc.resident_blocks(props.multi_processor_count, props.max_threads_per_multi_processor))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    table = ops.kernel_occupancy(index) if hasattr(ops, "kernel_occupancy") else None
+    return sc.cases_for(sc.stats_resident_blocks(table, props.multi_processor_count,
+                                                 props.max_threads_per_multi_processor))
 
 
 def run_selfcheck(ops: ModuleType, device: torch.device | str, *, device_name: str | None = None,
                   cases: tuple[sc.Case, ...] | None = None, dtypes: tuple[torch.dtype, ...] = sc.DTYPES,
-                  torch_reference: bool | None = None) -> SelfCheckReport:
+                  torch_reference: bool | None = None, staged: bool = False) -> SelfCheckReport:
     """Run every case x dtype through the eight `ops` on `device`; raise SelfCheckError on a disagreement.
 
-    cases: default_cases(device) when None. torch_reference: compare with PyTorch's own SyncBN kernels
+    cases: default_cases(device, ops) when None. torch_reference: compare with PyTorch's own SyncBN kernels
     too (default: on a CUDA device; elsewhere, e.g. the emulated build on CPU tensors, the float64
     reference alone judges). A PyTorch kernel that raises is listed in report.unavailable, not a failure.
+    staged: the kernels' inputs are made on the CPU and copied (for compute-sanitizer: _Checker says why).
     """
     device = torch.device(device)
     use_torch = device.type == "cuda" if torch_reference is None else torch_reference
     if cases is None:
-        cases = default_cases(device)
+        cases = default_cases(device, ops)
     report = SelfCheckReport(device=device_name or str(device))
     report.references = ["float64"] + (["torch.batch_norm_*"] if use_torch else [])
     t0 = time.perf_counter()
-    checker = _Checker(ops, device, use_torch, report)
+    checker = _Checker(ops, device, use_torch, report, staged)
     with torch.no_grad():
         for case in cases:
             for dtype in dtypes:
@@ -330,19 +351,26 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _failed_ranks(failed: bool, device: torch.device) -> list[int]:
-    """The ranks whose self-check failed, the same list on every rank: one all_reduce (MAX) of a flag per
-    rank. Without a process group: [0] or []."""
+def _failed_ranks(failed: bool, device: torch.device, group: str | None = None) -> list[int]:
+    """The ranks whose self-check failed, the same list on every rank of the group: one all_reduce (MAX) of a
+    flag per rank of `group` (a process group's name, as collectives.resolve_group gives it; None: WORLD).
+    The ranks are global ranks. Without a process group: [0] or []."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return [0] if failed else []
+    pg = None
+    if group is not None:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        pg = _resolve_process_group(group)
     # NCCL reduces device tensors only; any other backend (gloo, or cpu:gloo,cuda:nccl) takes a CPU tensor.
-    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=where)
-    flags[dist.get_rank()] = int(failed)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [i for i, f in enumerate(flags.tolist()) if f]
+    where = device if dist.get_backend(pg) == "nccl" else torch.device("cpu")
+    flags = torch.zeros(dist.get_world_size(pg), dtype=torch.int32, device=where)
+    flags[dist.get_rank(pg)] = int(failed)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
+    ranks = [i for i, f in enumerate(flags.tolist()) if f]
+    return ranks if pg is None else [dist.get_global_rank(pg, i) for i in ranks]
 
 
 def _check_or_recall(ops: ModuleType, device: torch.device, key: str, use_cache: bool,
@@ -360,6 +388,16 @@ def _check_or_recall(ops: ModuleType, device: torch.device, key: str, use_cache:
     except Exception as err:  # noqa: BLE001 - a raising kernel of ours must not leave the other ranks waiting
         return SelfCheckError(f"SyncBN CUDA self-check failed on {key}: our kernels raised {type(err).__name__}: "
                               f"{err}. Our CUDA kernels must not train here: {WAY_OUT}.")
+
+
+def _group_failure(failure: SelfCheckError | None, failed: list[int]) -> SelfCheckError:
+    """The error this rank raises when the self-check failed on `failed` (global ranks) of its group: its own
+    failure's message (what disagreed) or, on a rank that passed, the failing ranks'."""
+    where = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+    if failure is not None:
+        return SelfCheckError(f"{failure} (the self-check failed on {where})")
+    return SelfCheckError(f"SyncBN CUDA self-check failed on {where} (this rank passed; that rank's log says "
+                          f"what disagreed). Our CUDA kernels must not train here: {WAY_OUT}.")
 
 
 def agree_on_selfcheck(ops: ModuleType, device: torch.device | str, mode: str, key: str, *, use_cache: bool = True,
@@ -384,15 +422,12 @@ def agree_on_selfcheck(ops: ModuleType, device: torch.device | str, mode: str, k
             if use_cache:
                 _remember(cache_path(), key, verdict)
         return True
-    where = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
     if mode == "error":
-        if failure is not None:
-            raise SelfCheckError(f"{failure} (the self-check failed on {where})")
-        raise SelfCheckError(f"SyncBN CUDA self-check failed on {where} (this rank passed; that rank's log says "
-                             f"what disagreed). Our CUDA kernels must not train here: {WAY_OUT}.")
+        raise _group_failure(failure, failed)
     if failure is not None:
         log.warning("%s\nnorm.cuda_selfcheck=fallback: training with torch's nn.SyncBatchNorm instead.", failure)
     else:
+        where = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
         log.warning("SyncBN CUDA self-check failed on %s; norm.cuda_selfcheck=fallback: every rank trains with "
                     "torch's nn.SyncBatchNorm instead.", where)
     return False
@@ -411,12 +446,20 @@ def _cuda_device(device: torch.device | str) -> torch.device:
     return device
 
 
-def check(device: torch.device | str = "cuda", *, ops: ModuleType | None = None,
-          use_cache: bool = True) -> SelfCheckReport | None:
-    """Self-check our kernels on `device` in this process alone (no collective): the report of a check run now,
-    None when a pass for this GPU, driver and build is remembered; SelfCheckError when they disagree with the
-    references (or raise). For users of src.syncbn outside the trainer who want the check at a moment of their
-    choosing, e.g. before compiling a model (the layers' own first-use check runs in eager forwards only)."""
+def check(device: torch.device | str = "cuda", *, ops: ModuleType | None = None, use_cache: bool = True,
+          group: str | None = None, cases: tuple[sc.Case, ...] | None = None,
+          dtypes: tuple[torch.dtype, ...] = sc.DTYPES) -> SelfCheckReport | None:
+    """Self-check our kernels on `device`: the report of a check run now, None when a pass for this GPU,
+    driver and build is remembered; SelfCheckError when they disagree with the references (or raise). For
+    users of src.syncbn outside the trainer who want the check at a moment of their choosing, e.g. before
+    compiling a model (the layers' own first-use check runs in eager forwards only).
+
+    group: None, this process alone (no collective); or the name of a process group (collectives.resolve_group)
+    whose every rank calls this at the same point: they agree through one all_reduce of the verdict, so when
+    any rank failed every rank raises (naming the failing ranks) and none is left waiting in the layer's
+    next collective; a pass is remembered only when every rank of the group had it. cases, dtypes: as
+    run_selfcheck (default: every case for this device, every dtype).
+    """
     device = _cuda_device(device)
     if ops is None:  # the kernels the layers use (loaded now if no layer has run yet)
         from .functions import kernel_ops
@@ -425,9 +468,15 @@ def check(device: torch.device | str = "cuda", *, ops: ModuleType | None = None,
     build = Path(getattr(ops, "__file__", "") or "unknown").stem
     key = device_key(device, build) if device.type == "cuda" else f"{device} | {build}"
     _CHECKED.add(str(device))
-    verdict = _check_or_recall(ops, device, key, use_cache, None, sc.DTYPES)
-    if isinstance(verdict, SelfCheckError):
-        raise verdict
+    verdict = _check_or_recall(ops, device, key, use_cache, cases, dtypes)
+    failure = verdict if isinstance(verdict, SelfCheckError) else None
+    if group is None:
+        if failure is not None:
+            raise failure
+    else:
+        failed = _failed_ranks(failure is not None, device, group)
+        if failed:
+            raise _group_failure(failure, failed)
     if isinstance(verdict, SelfCheckReport):
         log.info("%s", verdict.summary())
         if use_cache:
@@ -435,10 +484,13 @@ def check(device: torch.device | str = "cuda", *, ops: ModuleType | None = None,
     return verdict
 
 
-def check_first_use(device: torch.device) -> None:
+def check_first_use(device: torch.device, process_group: Any = None, group_size: int | None = None) -> None:
     """What SyncBatchNorm runs at its first training forward on each CUDA device of this process (eager mode):
-    `check(device)` unless this process checked it already (the trainer's gate counts). SYNCTRAIN_SYNCBN_SELFCHECK:
-    error (default: a disagreement raises SelfCheckError), warn (log it and go on), off (no check)."""
+    `check(device)` unless this process checked it already (the trainer's gate counts), agreed on the
+    layer's group (process_group and group_size as the layer has them: every rank of it reaches this in the
+    same forward) with one all_reduce of the verdict, so that all of them raise or go on together.
+    SYNCTRAIN_SYNCBN_SELFCHECK (the same on every rank): error (default: a disagreement raises
+    SelfCheckError), warn (log it and go on), off (no check, no collective)."""
     if str(device) in _CHECKED:
         return
     mode = os.environ.get(FIRST_USE_ENV, "error")
@@ -447,8 +499,11 @@ def check_first_use(device: torch.device) -> None:
     _CHECKED.add(str(device))
     if mode == "off":
         return
+    from .collectives import resolve_group
+
+    name, size = resolve_group(process_group, group_size)
     try:
-        check(device)
+        check(device, group=name if size > 1 else None)
     except SelfCheckError as err:
         if mode == "error":
             raise
@@ -485,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--quick", action="store_true",
                         help="every case in float32 and bfloat16, one pass (for compute-sanitizer, which is slow)")
+    parser.add_argument("--sanitizer", action="store_true",
+                        help="make every input of our kernels on the CPU and copy it (compute-sanitizer's initcheck)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("selfcheck: no CUDA GPU visible (torch.cuda.is_available() is False); nothing to check")
@@ -497,8 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = (torch.float32, torch.bfloat16) if args.quick else sc.DTYPES
     result: dict[str, Any] = {"device": key}
     try:  # first run as a training process meets it (cold: module load, allocator), then warm (not --quick)
-        cold = run_selfcheck(ops, device, device_name=key, dtypes=dtypes)
-        report = cold if args.quick else run_selfcheck(ops, device, device_name=key, dtypes=dtypes)
+        cold = run_selfcheck(ops, device, device_name=key, dtypes=dtypes, staged=args.sanitizer)
+        report = cold if args.quick else run_selfcheck(ops, device, device_name=key, dtypes=dtypes,
+                                                       staged=args.sanitizer)
     except SelfCheckError as err:
         result.update(passed=False, error=str(err))
     else:

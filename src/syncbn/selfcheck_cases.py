@@ -21,7 +21,7 @@ OPS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_mean_sums", "b
 
 # Tolerances, as rtol and as atol relative to the largest |reference| of the output compared:
 # - Reductions (statistics, running stats, backward sums) accumulate in fp32 (fp64 for fp64 input) over at
-#   most 16k values per rank and channel in the fixed cases (~405k in the device-sized channels-last case
+#   most 16k values per rank and channel in the fixed cases (~101k in the device-sized channels-last case
 #   on an H200, each thread's few rows merged in a tree): chunked Welford / pairwise-like sums keep the
 #   relative error near 1e-6; 1e-4 leaves room for a GPU's fused multiply-adds and another summation order (PyTorch's kernels),
 #   while a wrong result (a lost tail, a wrong channel, a bad merge) is off by O(1). fp64: 1e-9.
@@ -55,37 +55,66 @@ CASES = (
     Case((2, 4, 128, 128), "contiguous", (1, 1), "one sample, large plane: the plane is split across blocks"),
 )
 
-# The kernels size their grids for about `resident` blocks of 256 threads (launch.cuh: SMs x max threads per
-# SM / 256; 1056 on an H100/H200), so two launch branches depend on the device's size:
-# - channels-first, N split across blocks (channels_first_geometry: n_splits = min(ceil(resident / C),
+# The kernels size each launch for R resident blocks of 256 threads (launch.cuh: SMs x the blocks per SM that
+# cudaOccupancyMaxActiveBlocksPerMultiprocessor gives the very kernel launched, which counts its registers), so
+# two launch branches depend on the device and on the kernels' registers:
+# - channels-first, N split across blocks (channels_first_geometry: n_splits = min(ceil(R / C),
 #   ceil(N / block.y)) > 1): with S = 8 a block is 8 x 32 threads for every dtype, so a rank of more than
-#   32 planes and C = 4 < resident blocks splits its planes (61 and 39: a partial last split);
+#   32 planes and C = 4 < R splits its planes (61 and 39: a partial last split);
 # - channels-last, whole unrolled 4-row chunks (stats_channels_last_kernel's `m + 3 * stride < M`, stride
-#   = splits x block.y, splits = min(ceil(resident / grid.x), ceil(M / block.y))): with C = 16 (one channel
-#   group, block.y = 32 / 64 / 128 rows for fp64 / fp32 / fp16 and bf16) a rank needs more than
-#   3 x 128 x resident rows; on an H200 that is 2 x 16 x 6337 x 32 (6.5M elements, 13 MB in bf16).
+#   = splits x block.y, splits = min(ceil(R / grid.x), ceil(M / block.y))): with C = 16 (one channel group,
+#   block.y = 16 x the vector width: 32 / 64 / 128 rows for fp64 / fp32 / fp16 and bf16) a rank needs more
+#   than 3 x block.y x R rows. On an H200, ptxas gives the stats kernels 56 (fp32) and 112 (bf16) registers
+#   per thread: 4 and 2 blocks per SM, R = 528 and 264, and 3 x 64 x 528 = 3 x 128 x 264 = 101376 rows:
+#   2 x 16 x 1585 x 32 (1.6M elements). Sized by thread slots instead (8 blocks per SM) it would be 4x that.
 THREADS_PER_BLOCK = 256
-MAX_ROWS_PER_BLOCK = 128  # block.y of the 16-channel channels-last launch for 2-byte dtypes (vec 8)
+C_UNROLL = 16  # the channels of the unrolled channels-last case: one channel group of 256 threads
+VEC = {torch.float64: 2, torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}  # 16-byte vectors
+# kernel_occupancy() lists the stats kernel's fp32 and bf16 instantiations: fp16 has bf16's vector width and
+# about its registers (ptxas on sm_90: 97 and 112, both 2 blocks of 256 per SM); fp64, whose rows per block
+# are half fp32's, is taken at the thread-slot bound (which is never below its real occupancy).
+OCCUPANCY_ENTRY = {torch.float32: "stats_channels_last<float,4>", torch.bfloat16: "stats_channels_last<bfloat16,8>",
+                   torch.float16: "stats_channels_last<bfloat16,8>"}
 
 
 def resident_blocks(sm_count: int, max_threads_per_sm: int) -> int:
-    """Blocks of 256 threads the kernels size their grids for on a device (as launch.cuh computes it)."""
+    """Blocks of 256 threads that fit on a device by its thread slots alone (an upper bound of any kernel's)."""
     return max(sm_count, 1) * max(max_threads_per_sm // THREADS_PER_BLOCK, 1)
 
 
-def device_cases(resident: int) -> tuple[Case, ...]:
-    """The cases that reach the device-sized branches (above) on a device with `resident` blocks."""
-    rows = 3 * MAX_ROWS_PER_BLOCK * resident + 1  # per rank: a thread of block (0, 0) gets 4 full rows
+def stats_resident_blocks(table: list[dict] | None, sm_count: int, max_threads_per_sm: int) -> dict[torch.dtype, int]:
+    """R of the channels-last stats kernel per dtype, from the extension's kernel_occupancy() table (SMs x its
+    blocks_per_sm); the thread-slot bound where the table has no entry (fp64, or no table)."""
+    by_name = {entry["kernel"]: int(entry["blocks_per_sm"]) for entry in table or []}
+    bound = resident_blocks(sm_count, max_threads_per_sm)
+    out = {}
+    for dtype in DTYPES:
+        per_sm = by_name.get(OCCUPANCY_ENTRY.get(dtype, ""))
+        out[dtype] = max(sm_count, 1) * max(per_sm, 1) if per_sm is not None else bound
+    return out
+
+
+def unroll_rows(resident: int | dict[torch.dtype, int]) -> int:
+    """Rows per rank with which a thread of block (0, 0) gets 4 full rows in every dtype (above)."""
+    per_dtype = resident if isinstance(resident, dict) else dict.fromkeys(DTYPES, resident)
+    return max(3 * (THREADS_PER_BLOCK * VEC[dt] // C_UNROLL) * r for dt, r in per_dtype.items()) + 1
+
+
+def device_cases(resident: int | dict[torch.dtype, int]) -> tuple[Case, ...]:
+    """The cases that reach the device-sized branches (above); `resident`: R per dtype (stats_resident_blocks),
+    or one R for every dtype."""
+    rows = unroll_rows(resident)
     h = -(-rows // (2 * 32))  # a rank is 2 x 16 x h x 32: 64 h rows
+    fewest = min(resident.values()) if isinstance(resident, dict) else resident
     return (
         Case((100, 4, 2, 4), "contiguous", (61, 39), "N = 61 and 39 planes of S = 8: planes split across blocks"),
-        Case((2, 16, h, 32), "channels_last", (2,), f"{64 * h} rows of C = 16 for {resident} resident blocks: "
+        Case((2, C_UNROLL, h, 32), "channels_last", (2,), f"{64 * h} rows of C = 16 for {fewest}+ resident blocks: "
              "whole unrolled 4-row chunks"),
     )
 
 
-def cases_for(resident: int) -> tuple[Case, ...]:
-    """Every self-check case for a device with `resident` blocks: the fixed ones and the device-sized ones."""
+def cases_for(resident: int | dict[torch.dtype, int]) -> tuple[Case, ...]:
+    """Every self-check case for a device: the fixed ones and the device-sized ones."""
     return CASES + device_cases(resident)
 
 
@@ -103,9 +132,12 @@ def make_case_inputs(case: Case, dtype: torch.dtype, device: torch.device | str,
     bias = torch.randn(c, generator=gen, dtype=torch.float64).to(pdt).to(device)
     fmt = torch.channels_last if case.layout == "channels_last" else torch.contiguous_format
     xs, dys, start = [], [], 0
+    # Made in their final dtype and layout on the CPU, then copied (`to` keeps the strides): on the device
+    # every input is written by a copy, never by a PyTorch kernel, which compute-sanitizer's initcheck, watching
+    # our kernels alone, could not see writing.
     for n in case.ranks:
-        xs.append(x[start:start + n].to(dtype).to(device).contiguous(memory_format=fmt))
-        dys.append(dy[start:start + n].to(dtype).to(device).contiguous(memory_format=fmt))
+        xs.append(x[start:start + n].to(dtype).contiguous(memory_format=fmt).to(device))
+        dys.append(dy[start:start + n].to(dtype).contiguous(memory_format=fmt).to(device))
         start += n
     return xs, dys, weight, bias
 

@@ -1,9 +1,13 @@
 """data.decode_on_device: JPEG bytes decoded (torchvision.io.decode_jpeg, device="cpu") and augmented in the
 training process give bitwise the batches of the workers' decoding (PIL), same seeds, with the ImageNet v2
 recipe's augmentation; non-JPEG files and decode failures fall back to the CPU; bad settings are refused.
-On CUDA, nvjpeg's pixels are not bitwise the CPU decoder's: only this CPU path can be checked bitwise."""
+The producer thread (prefetch(threaded=True), as the trainer runs it) gives the same batches, draws nothing
+from the training thread's global RNG, raises its errors in the training thread and stops with its loop.
+On CUDA, nvjpeg's pixels are not bitwise the CPU decoder's: only this CPU path can be checked bitwise (the
+`cuda` test here compares the GPU's batches with the CPU's within a few levels)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +79,7 @@ def test_decoding_on_the_device_gives_the_workers_batches_bitwise(folder: Path,
 
 def test_unreadable_jpeg_names_its_file() -> None:
     bad = torch.frombuffer(bytearray(device_decode.JPEG_MAGIC + b"\xe0 not really a JPEG"), dtype=torch.uint8)
-    batch = EncodedImages([bad], [True], torch.zeros(1, dtype=torch.int64), ["class/broken.jpg"])
+    batch = EncodedImages([bad], [True], [[]], ["class/broken.jpg"])
     with pytest.raises(OSError, match="cannot read image class/broken.jpg"):
         decode_batch(batch, CPU)
 
@@ -90,3 +94,81 @@ def test_bad_settings_are_refused(folder: Path) -> None:
     cfg = DataConfig(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
     with pytest.raises(ValueError, match="data.device_transforms=auto is on only when training on CUDA"):
         build_datasets(cfg, seed=0, device_transforms=False)
+
+
+def _threaded(raw: list[tuple[Any, Any]], bundle: Any, draws: list[float] | None = None) -> list[tuple[torch.Tensor, Any]]:
+    """The batches through prefetch(threaded=True) (the producer thread), drawing from the global RNG between
+    batches as a training step's MixUp would (into `draws`)."""
+    out = []
+    for batch in prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
+                                                       transform=bundle.device_transform), CPU, threaded=True):
+        out.append(batch)
+        if draws is not None:
+            draws.append(float(torch.rand(())))
+    return out
+
+
+def test_the_producer_thread_gives_the_same_batches_and_leaves_the_global_rng_alone(folder: Path) -> None:
+    """Decoding and augmenting on the producer thread: the same batches, and the training thread's own draws
+    from the global RNG between batches are those it makes without any loading going on."""
+    cfg = _cfg(folder, decode=True)
+    bundle = build_datasets(cfg, seed=5, device_transforms=True)
+    loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=5)
+    set_loader_epoch(loader, 1)
+    raw = list(loader)
+    torch.manual_seed(123)
+    draws: list[float] = []
+    batches = _threaded(raw, bundle, draws)
+    torch.manual_seed(123)
+    assert draws == [float(torch.rand(())) for _ in raw]
+    _assert_same(_batches(_cfg(folder, decode=False)), batches)
+
+
+def test_the_producer_thread_raises_here_and_stops_with_the_loop(folder: Path) -> None:
+    """A file no decoder reads fails on the producer: the error reaches the training thread. Leaving the loop
+    after the first batch stops the producer: the loader is read one batch ahead, no further."""
+    cfg = _cfg(folder, decode=True)
+    bundle = build_datasets(cfg, seed=5, device_transforms=True)
+    loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=5)
+    raw = list(loader)
+    bad = torch.frombuffer(bytearray(device_decode.JPEG_MAGIC + b"\xe0 not really a JPEG"), dtype=torch.uint8)
+    images, targets = raw[1]
+    raw[1] = (images._replace(data=[bad] + images.data[1:], paths=["class/broken.jpg"] + images.paths[1:]), targets)
+    with pytest.raises(OSError, match="cannot read image class/broken.jpg"):
+        _threaded(raw, bundle)
+    taken = []
+
+    def counted() -> Any:
+        for batch in raw * 3:
+            taken.append(batch)
+            yield batch
+
+    gen = prefetch(counted(), lambda i, t: (i, t), CPU, threaded=True)
+    next(gen)
+    gen.close()
+    assert len(taken) == 2 and not [t for t in threading.enumerate() if t.name.startswith("prefetch")]
+
+
+@pytest.mark.cuda
+def test_decoding_on_the_gpu_matches_the_cpu_within_a_few_levels(folder: Path) -> None:
+    """On a GPU, through the producer thread: every batch (read by a chain of kernels on the training stream
+    while the next one is decoded) is the CPU's up to nvjpeg's and the resampling kernels' few levels; a
+    decoder writing over memory still in use would show as far larger differences."""
+    gpu = torch.device("cuda", 0)
+    cfg = _cfg(folder, decode=True)
+    bundle = build_datasets(cfg, seed=5, device_transforms=True)
+    loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=5)
+    set_loader_epoch(loader, 1)
+    raw = list(loader) * 6
+    cpu = [images for images, _ in prefetch(raw, lambda i, t: move_batch(
+        i, t, device=CPU, dtype=torch.float32, transform=bundle.device_transform), CPU)]
+    got = []
+    for images, _ in prefetch(raw, lambda i, t: move_batch(i, t, device=gpu, dtype=torch.float32,
+                                                           transform=bundle.device_transform), gpu, threaded=True):
+        acc = images
+        for _ in range(200):  # a slow reader on the training stream
+            acc = acc * 1.0 + 0.0
+        got.append(acc.cpu())
+    for a, b in zip(got, cpu):
+        diff = (a - b).abs()
+        assert float(diff.mean()) < 0.05 and float((diff > 0.5).float().mean()) < 0.01, float(diff.mean())

@@ -76,5 +76,5 @@ def test_compiled_graphs_use_the_aten_form_and_keep_the_statistics_kernels() -> 
     compiled(x).sum().backward()
     forward, backward = graphs
     assert "batch_norm_stats" in forward and "batch_norm_gather_stats" in forward
-    assert "batch_norm_elemt" not in forward
+    assert ("batch_norm_elemt" not in forward) == fusable.FUSE_FORWARD  # not fused on PyTorch 2.11 (fusable.py)
     assert "batch_norm_backward_reduce" in backward and "batch_norm_backward_elemt" not in backward

@@ -89,7 +89,7 @@ def run_gradcheck(rank: int, world: int, payload: dict) -> bool:
 
     def f(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         local = _MySlice.apply(full, start, stop)
-        y = _bn(local, _SumGrad.apply(w), _SumGrad.apply(b), dist.group.WORLD, world)
+        y = _bn(local, _SumGrad.apply(w), _SumGrad.apply(b), dist.group.WORLD.group_name, world)
         return _GatherRows.apply(y, start, full.shape[0])
 
     return torch.autograd.gradcheck(f, (x, w, b))

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives
 from src.syncbn.functions import kernel_memory_format
+from tests.syncbn.equivalence_cases import BATCHNORM_TAKES_BIAS
 
 pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
 
@@ -45,8 +46,11 @@ TORCH_SAMPLES = {
     ],
 }
 SYNC_OF = {nn.BatchNorm1d: SyncBatchNorm1d, nn.BatchNorm2d: SyncBatchNorm2d, nn.BatchNorm3d: SyncBatchNorm3d}
-SAMPLES = [(ref, args, kw, shape) for ref, rows in TORCH_SAMPLES.items() for args, kw, shape, _ in rows]
-SAMPLE_IDS = [f"{ref.__name__}-{desc or 'default'}" for ref, rows in TORCH_SAMPLES.items() for *_, desc in rows]
+NEEDS_BIAS_ARG = pytest.mark.skipif(not BATCHNORM_TAKES_BIAS, reason=f"nn.BatchNorm of torch {torch.__version__} "
+                                    "has no bias= to compare with")
+SAMPLES = [pytest.param(ref, args, kw, shape, id=f"{ref.__name__}-{desc or 'default'}",
+                        marks=[NEEDS_BIAS_ARG] if "bias" in kw else [])
+           for ref, rows in TORCH_SAMPLES.items() for args, kw, shape, desc in rows]
 # float32 vs PyTorch's own float32 kernels: both accumulate in fp32 over <= 200 values per channel,
 # in different orders -> differences of a few ulp of O(1) results.
 F32_TOL = dict(atol=1e-5, rtol=1e-5)
@@ -78,7 +82,7 @@ def _assert_same_step(ours: nn.Module, ref: nn.Module, x: torch.Tensor, tol: dic
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("ref_cls,args,kwargs,shape", SAMPLES, ids=SAMPLE_IDS)
+@pytest.mark.parametrize("ref_cls,args,kwargs,shape", SAMPLES)
 def test_torch_sample_inputs_train_then_eval(ref_cls: type, args: tuple, kwargs: dict, shape: tuple, device: str) -> None:
     ours, ref = _pair(ref_cls, args, kwargs, device)
     for step in range(3):  # several steps: running stats and momentum=None's cumulative average
@@ -97,18 +101,21 @@ def test_module_db_is_transcribed_faithfully() -> None:
                 (s.constructor_input.args, s.constructor_input.kwargs, tuple(s.forward_input.args[0].shape))
                 for s in info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=False, training=True)
             ]
-            assert got == [row[:3] for row in TORCH_SAMPLES[info.module_cls]]
+            assert got == [row[:3] for row in TORCH_SAMPLES[info.module_cls] if BATCHNORM_TAKES_BIAS or "bias" not in row[1]]
 
 
 def test_constructor_matches_installed_sync_batchnorm() -> None:
+    """Our constructor is nn.SyncBatchNorm's (with bias=, which PyTorch 2.11's lacks: test_bias_false_...)."""
     ours = inspect.signature(SyncBatchNorm.__init__).parameters
     theirs = inspect.signature(nn.SyncBatchNorm.__init__).parameters
-    assert [(p.name, p.kind, p.default) for p in ours.values()] == [(p.name, p.kind, p.default) for p in theirs.values()]
+    assert [(p.name, p.kind, p.default) for p in ours.values() if p.name in theirs or p.name != "bias"] == [
+        (p.name, p.kind, p.default) for p in theirs.values()]
     for cls in (SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d):
         assert issubclass(cls, torch.nn.modules.batchnorm._BatchNorm)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"affine": False}, {"bias": False}, {"track_running_stats": False}])
+@pytest.mark.parametrize("kwargs", [{}, {"affine": False}, pytest.param({"bias": False}, marks=NEEDS_BIAS_ARG),
+                                    {"track_running_stats": False}])
 def test_parameters_buffers_state_dict_match_batchnorm(kwargs: dict) -> None:
     ours, ref = SyncBatchNorm2d(6, **kwargs), nn.BatchNorm2d(6, **kwargs)
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
@@ -117,6 +124,17 @@ def test_parameters_buffers_state_dict_match_batchnorm(kwargs: dict) -> None:
     ref.load_state_dict(ours.state_dict())  # checkpoints move both ways, strict
     ours.load_state_dict(ref.state_dict())
     assert repr(ours).startswith("SyncBatchNorm2d(6, eps=1e-05")
+
+
+def test_bias_false_needs_a_pytorch_that_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nn.BatchNorm has no bias= (PyTorch 2.11), bias=False is refused saying so; bias=True works."""
+    from src.syncbn import modules
+
+    monkeypatch.setattr(modules, "_BATCHNORM_TAKES_BIAS", False)
+    with pytest.raises(ValueError, match=r"SyncBatchNorm2d\(bias=False\) needs a PyTorch whose nn.BatchNorm takes bias="):
+        SyncBatchNorm2d(4, bias=False)
+    if not BATCHNORM_TAKES_BIAS:  # the installed PyTorch is such a one: the layer is built without passing it on
+        assert SyncBatchNorm2d(4, bias=True).bias is not None
 
 
 def test_dtype_and_device_arguments() -> None:

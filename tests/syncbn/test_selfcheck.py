@@ -1,7 +1,9 @@
 """The SyncBN CUDA self-check (src/syncbn/selfcheck.py): the same run_selfcheck a GPU user gets, here on the
 emulated build (it must pass) and on the deliberately faulty emulated variant (it must name the wrong op);
-and the gate around it (norm.cuda_selfcheck modes, the on-disk memory, the fallback to nn.SyncBatchNorm),
-with the check itself stubbed so no GPU is needed."""
+and the gate around it (the modes, the on-disk memory), with the check itself stubbed so no GPU is needed.
+Only src.syncbn is imported: the GPU check runs this file on a GPU node, which may lack Hydra (the
+trainer's side of the gate, norm.cuda_selfcheck and the fallback to nn.SyncBatchNorm: tests/models/
+test_norms_selfcheck.py)."""
 from __future__ import annotations
 
 import json
@@ -15,11 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
-from src.models.config import NormConfig
-from src.models.norms import checked_cuda_syncbn, finalize_norms
-from src.syncbn import selfcheck
+from src.syncbn import functions, selfcheck
 from src.syncbn import selfcheck_cases as sc
 # part: gpu-tools
 from tests.syncbn.cuda_cases import one_intraop_thread
@@ -44,6 +43,43 @@ def test_selfcheck_passes_on_the_emulated_build(caplog):
     for part in ("8 ops x 4 cases", "float32, float16, bfloat16, float64", "2x4x128x128-contiguous-ranks1+1",
                  "against float64"):
         assert part in line, line
+
+
+@pytest.mark.cuda_emulated
+def test_device_cases_are_sized_from_the_kernels_occupancy():
+    """kernel_occupancy() (here the emulated device's model, given ptxas's sm_90 registers of the stats kernels:
+    56 for fp32 and 112 for bf16, so 4 and 2 blocks of 256 per SM) sizes the channels-last device case for
+    an H200 at 3 x 64 x 528 = 3 x 128 x 264 rows: a quarter of the size the thread slots alone would give."""
+    from src.syncbn.extension import load_emulated_cuda_extension
+
+    emu = load_emulated_cuda_extension("h100,registers.stats_channels_last_kernel<float, 4>=56,"
+                                       "registers.stats_channels_last_kernel<c10::BFloat16, 8>=112")
+    try:
+        table = emu.kernel_occupancy()
+    finally:
+        emu.set_device("h100")
+    entries = {e["kernel"]: e for e in table}
+    assert entries["stats_channels_last<float,4>"]["registers"] == 56
+    assert entries["stats_channels_last<bfloat16,8>"]["launch_name"] == "stats_channels_last_kernel<c10::BFloat16, 8>"
+    resident = sc.stats_resident_blocks(table, 132, 2048)
+    assert resident == {torch.float32: 528, torch.float16: 264, torch.bfloat16: 264, torch.float64: 1056}
+    split_n, unroll = sc.device_cases(resident)
+    assert unroll.shape == (2, 16, 1585, 32) and 64 * 1585 > 3 * 128 * 264 >= 64 * 1584
+    by_slots = sc.device_cases(sc.resident_blocks(132, 2048))[1]
+    assert by_slots.shape[2] == 4 * 1584 + 1  # 2 x 16 x 6337 x 32: 6.5M elements instead of 1.6M
+
+
+@pytest.mark.cuda_emulated
+def test_staged_inputs_give_the_same_comparisons():
+    """--sanitizer's staging (inputs made on the CPU and copied) runs the same chain and comparisons."""
+    from src.syncbn.extension import load_emulated_cuda_extension
+
+    emu = load_emulated_cuda_extension("h100")
+    case = (sc.CASES[1],)  # channels_last with an empty rank
+    with one_intraop_thread():
+        plain = selfcheck.run_selfcheck(emu, "cpu", cases=case, dtypes=(torch.float32,))
+        staged = selfcheck.run_selfcheck(emu, "cpu", cases=case, dtypes=(torch.float32,), staged=True)
+    assert staged.comparisons == plain.comparisons == 4 * 3 + 7 + 3
 
 
 @pytest.mark.cuda_emulated
@@ -101,6 +137,10 @@ def fake_gpu(monkeypatch, tmp_path):
 
     monkeypatch.setattr(selfcheck, "run_selfcheck", fake_run)
     state.ops = SimpleNamespace(__file__="/x/syncbn_cuda_avx512_0123456789ab.so")
+    # The layers' kernels, as check() loads them when not given any (no build into the empty cache above): a
+    # build of their own, whose pass nothing above remembers.
+    layers = SimpleNamespace(module=SimpleNamespace(__file__="/x/syncbn_cuda_avx512_aaaaaaaaaaaa.so"))
+    monkeypatch.setattr(functions, "kernel_ops", lambda: layers)
     return state
 
 
@@ -167,37 +207,27 @@ def test_fallback_mode_warns_and_off_skips(fake_gpu, caplog):
     assert fake_gpu.calls == 1
 
 
-def test_fallback_swaps_in_torch_syncbn_with_the_same_tensors(monkeypatch):
-    import src.syncbn.selfcheck as module
-
-    monkeypatch.setattr(module, "ensure_cuda_kernels_checked", lambda device, mode: False)
-    cfg = NormConfig(name="syncbn", cuda_selfcheck="fallback")
-    model = finalize_norms(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), cfg)
-    weight = model[1].weight
-    out = checked_cuda_syncbn(model, cfg, torch.device("cuda", 0))
-    assert type(out[1]) is nn.SyncBatchNorm and out[1].weight is weight
-    kept = finalize_norms(nn.Sequential(nn.BatchNorm2d(4)), cfg)
-    assert checked_cuda_syncbn(kept, cfg, torch.device("cpu")) is kept  # CPU: nothing to check
-
-
-def test_config_key_is_validated_early():
-    with pytest.raises(ValueError, match="norm.cuda_selfcheck must be one of error, fallback, off; got 'maybe'"):
-        NormConfig(name="syncbn", cuda_selfcheck="maybe").validate(device=None)
-    with pytest.raises(ValueError, match="norm.cuda_selfcheck=fallback cannot keep norm.group_size"):
-        NormConfig(name="syncbn", cuda_selfcheck="fallback", group_size=2).validate(device=None)
-    NormConfig(name="syncbn", cuda_selfcheck="off").validate(device=None)
-
-
 @pytest.mark.cuda
-def test_selfcheck_on_the_gpu_passes_within_a_second(tmp_path, monkeypatch):
-    """On a real GPU: our kernels agree with torch.batch_norm_* and float64; warm, under a second; remembered."""
+def test_selfcheck_on_the_gpu_passes_and_its_fixed_cases_take_under_a_second(tmp_path, monkeypatch):
+    """On a real GPU: our kernels agree with torch.batch_norm_* and float64 in every case, the device-sized ones
+    sized from the kernels' own occupancy (registers counted: never more resident blocks than the thread slots
+    allow); warm, the four fixed cases take under a second (the device-sized ones are timed apart: their
+    float64 reference is CPU work that grows with the GPU); a pass is remembered."""
     from src.syncbn.extension import load_extension
 
     ops = load_extension()
-    selfcheck.run_selfcheck(ops, "cuda:0")  # cold: module load, allocator
-    report = selfcheck.run_selfcheck(ops, "cuda:0")
-    assert "torch.batch_norm_*" in report.references
-    assert report.seconds < 1.0, report.summary()
+    props = torch.cuda.get_device_properties(0)
+    slots = sc.resident_blocks(props.multi_processor_count, props.max_threads_per_multi_processor)
+    resident = sc.stats_resident_blocks(ops.kernel_occupancy(0), props.multi_processor_count,
+                                        props.max_threads_per_multi_processor)
+    assert all(0 < r <= slots for r in resident.values()), resident
+    cases = selfcheck.default_cases(torch.device("cuda", 0), ops)
+    assert cases == sc.CASES + sc.device_cases(resident)
+    everything = selfcheck.run_selfcheck(ops, "cuda:0")  # cold: module load, allocator
+    assert "torch.batch_norm_*" in everything.references and everything.cases == [c.name for c in cases]
+    fixed = selfcheck.run_selfcheck(ops, "cuda:0", cases=sc.CASES)
+    assert fixed.seconds < 1.0, fixed.summary()
+    print(f"every case: {everything.seconds:.2f} s cold; the fixed ones: {fixed.seconds:.2f} s warm")
     monkeypatch.setenv("SYNCTRAIN_EXTENSIONS_DIR", str(tmp_path))
     assert selfcheck.ensure_cuda_kernels_checked(torch.device("cuda", 0), "error", ops=ops)
     assert json.loads(selfcheck.cache_path().read_text())

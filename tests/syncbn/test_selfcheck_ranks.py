@@ -1,8 +1,9 @@
 """The self-check's gate on 2 gloo processes with the emulated kernels (src/syncbn/selfcheck.py:
 agree_on_selfcheck): a PyTorch reference op that raises, a cache folder that cannot be written, a kernel
 of ours that raises or is wrong on one rank: the ranks end without a hang and agree (fallback: all False;
-error: all raise SelfCheckError naming the failing rank). And the device-sized cases (selfcheck_cases.py:
-device_cases) reach the launch branches they are there for.
+error: all raise SelfCheckError naming the failing rank). The layers' own first-use check (check_first_use)
+agrees the same way on the layer's group, with the faulty emulated build on one rank. And the device-sized
+cases (selfcheck_cases.py: device_cases) reach the launch branches they are there for.
 
 The wrong result on one rank is injected in Python (the same doubled value as the SYNCTRAIN_SELFCHECK_FAULT
 build, whose detection tests/syncbn/test_selfcheck.py covers): one run on 2 ranks then serves every scenario,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -178,3 +180,52 @@ def test_ranks_agree_without_a_hang(tmp_path):
         assert not any(r["cached"] for r in both)  # a pass not all ranks had is not remembered
     assert "op batch_norm_backward_reduce" in wrong[1]["error"]
     assert "our kernels raised RuntimeError" in raised[1]["error"]
+
+
+# --- Library use: the layers' first-use check, agreed on the layer's group --------------------------------------
+
+def _first_use_scenarios(rank: int, world: int, payload: dict) -> list[dict]:
+    """check_first_use on this rank, as a layer's first training forward runs it, with the emulated kernels: the
+    faulty build (SYNCTRAIN_SELFCHECK_FAULT) on rank 1, the correct one on rank 0; one case in float32."""
+    import functools
+
+    from src.syncbn.collectives import resolve_group
+
+    ops = load_emulated_cuda_extension("h100", fault=rank == 1)
+    handler = _Warnings()
+    logging.getLogger("src.syncbn.selfcheck").addHandler(handler)
+    plain_check = selfcheck.check
+    selfcheck.check = functools.partial(plain_check, ops=ops, use_cache=False, cases=CASES, dtypes=DTYPES)
+    results = []
+    for mode in payload["modes"]:
+        os.environ[selfcheck.FIRST_USE_ENV] = mode
+        selfcheck._CHECKED.clear()
+        handler.lines.clear()
+        t0 = time.monotonic()
+        try:
+            selfcheck.check_first_use(torch.device("cpu"), None, None)  # the layer's group: WORLD
+            out = {"result": "went on"}
+        except selfcheck.SelfCheckError as err:
+            out = {"error": str(err)}
+        out.update(seconds=time.monotonic() - t0, warnings=list(handler.lines), group=resolve_group(None)[1])
+        results.append(out)
+    return results
+
+
+def test_first_use_check_agrees_across_the_layers_group():
+    """2 gloo ranks, the faulty emulated build on rank 1: with SYNCTRAIN_SYNCBN_SELFCHECK=error both ranks raise
+    (rank 1 naming the op, rank 0 naming rank 1) within seconds, none left waiting in a collective; with warn
+    both log it and go on, together."""
+    build(make_emulated_spec(), import_module=False)  # here, under pytest's timeout, not in the ranks
+    build(make_emulated_spec(fault=True), import_module=False)
+    results = run_on_ranks(2, _first_use_scenarios, {"modes": ["error", "warn"]}, timeout_s=COLLECTIVE_TIMEOUT_S,
+                           deadline_s=180, fresh=True)
+    (error0, warn0), (error1, warn1) = results
+    assert error0["group"] == error1["group"] == 2
+    assert all("error" in r and r["seconds"] < 20 for r in (error0, error1)), (error0, error1)
+    assert "failed on rank 1 (this rank passed" in error0["error"] and "norm=torch_syncbn" in error0["error"]
+    assert "op batch_norm_backward_reduce" in error1["error"] and "(the self-check failed on rank 1)" in error1["error"]
+    assert warn0["result"] == warn1["result"] == "went on"
+    assert "failed on rank 1 (this rank passed" in "\n".join(warn0["warnings"])
+    assert "op batch_norm_backward_reduce" in "\n".join(warn1["warnings"])
+    assert all("SYNCTRAIN_SYNCBN_SELFCHECK=warn" in "\n".join(r["warnings"]) for r in (warn0, warn1))
