@@ -109,7 +109,7 @@ class EarlyStopConfig:
     # A validation metric as metrics.jsonl's val rows name it (top1, miou, loss, ema_top1, iou_<class>),
     # optionally written with TensorBoard's prefix: val/top1.
     metric: Optional[str] = None
-    mode: str = "auto"  # max | min; auto: min for loss, max for every other metric
+    mode: str = "auto"  # max | min; auto: the way the task says the metric improves (min for loss, max for top1)
     patience: int = 5  # evaluations without improvement before stopping
     min_delta: float = 0.0  # an improvement must beat the best by more than this
 
@@ -136,10 +136,9 @@ class EarlyStopConfig:
         """The metric's key in the evaluation's dict (the val/ prefix removed)."""
         return (self.metric or "").removeprefix("val/")
 
-    @property
-    def higher_is_better(self) -> bool:
-        """mode=max, or auto for anything but a loss."""
-        return self.mode == "max" or (self.mode == "auto" and Task.higher_is_better(self.name))
+    def higher_is_better(self, task: Task) -> bool:
+        """mode=max, or mode=auto and `task` declares that the metric rises."""
+        return self.mode == "max" or (self.mode == "auto" and task.higher_is_better(self.name))
 
 
 @dataclass
@@ -360,7 +359,8 @@ def _check_across_groups(cfg: TrainConfig) -> None:
     task = get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
     metric = best_metric_of(cfg)
     if metric not in task.metrics:
-        raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {task.metrics} or auto")
+        raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {tuple(task.metrics)} "
+                         "or auto")
     cfg.trainer.early_stop.validate(task, ema=cfg.trainer.ema)
     task.validate(cfg)
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":

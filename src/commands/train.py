@@ -137,7 +137,8 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                      aux_weight=config.model.aux_loss_weight)
     trainer = Trainer(state, module, train_loader, loss, settings, device,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
-                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
+                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
+                                            higher_is_better=task.higher_is_better(best_metric_of(config))),
                       mix=build_mix(settings, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
     trainer.train()
@@ -238,7 +239,7 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
         hooks.append(PreciseBNHook(settings, device))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
     if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
-        hooks.append(EarlyStopHook(settings.early_stop))
+        hooks.append(EarlyStopHook(settings.early_stop, settings.early_stop.higher_is_better(task)))
     hooks.append(CheckpointHook(settings.checkpoint_every, shown=(*task.metrics, f"ema_{task.default_metric}")))
     if settings.compile:
         hooks.append(CompileReport())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from torch import nn
 from src.data.device_transforms import DeviceTransform, move_batch
 from src.data.task_data import TaskData, task_data
 
+MAX, MIN = "max", "min"  # which way a metric improves
 Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
 
 
@@ -59,24 +60,33 @@ class Task:
     """One kind of problem; subclass and register an instance (src/tasks/registry.py)."""
 
     name: str = ""
-    metrics: tuple[str, ...] = ()  # validation metrics; the first ranks best-k checkpoints by default
-    per_class_prefix: Optional[str] = None  # e.g. "iou_": per-class metrics named <prefix><class> also exist
+    # Validation metrics and which way each improves (MAX or MIN); the first ranks best-k checkpoints by default.
+    metrics: Mapping[str, str] = {}
+    # Per-class metrics named <prefix><class> also exist (e.g. "iou_"), improving this way.
+    per_class_prefix: Optional[str] = None
+    per_class_direction: str = MAX
     mixing: bool = False  # trainer.mixup_alpha / cutmix_alpha (MixUp / CutMix of batch and labels) apply
 
     # --- config --------------------------------------------------------------------------------------------
     @property
     def default_metric(self) -> str:
         """What trainer.best_metric=auto ranks checkpoints by."""
-        return self.metrics[0]
+        return next(iter(self.metrics))
 
     def knows_metric(self, name: str) -> bool:
         """Whether evaluation reports `name` (a per-class metric counts)."""
         return name in self.metrics or (self.per_class_prefix is not None and name.startswith(self.per_class_prefix))
 
-    @staticmethod
-    def higher_is_better(metric: str) -> bool:
-        """Losses (an EMA's too) fall, everything else rises: best-k checkpoints and early stopping's auto mode."""
-        return not metric.endswith("loss")
+    def higher_is_better(self, metric: str) -> bool:
+        """The direction this task declares for `metric` (an EMA twin `ema_<name>` goes its model's way): what
+        best-k checkpoints and early stopping's mode=auto rank by. ValueError for a metric it does not report."""
+        name = metric if self.knows_metric(metric) else metric.removeprefix("ema_")
+        if name in self.metrics:
+            return self.metrics[name] == MAX
+        if self.knows_metric(name):
+            return self.per_class_direction == MAX
+        raise ValueError(f"{metric!r} is not a {self.name} metric; its metrics: {', '.join(self.metrics)}"
+                         + (f", {self.per_class_prefix}<class name>" if self.per_class_prefix else ""))
 
     def validate(self, config: Any) -> None:
         """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig)."""

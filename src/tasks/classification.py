@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.exports import export_classification
 from src.tasks.metrics import topk_correct
@@ -87,7 +87,7 @@ class Classification(Task):
     """Image -> class; MixUp / CutMix apply; TensorBoard shows the first training batch."""
 
     name = "classification"
-    metrics = ("top1", "top5", "loss")
+    metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
     mixing = True
 
     def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:

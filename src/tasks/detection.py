@@ -25,7 +25,7 @@ from torchvision.utils import draw_bounding_boxes, make_grid
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task, unpack_eval_batch
+from src.tasks.base import MAX, EvalContext, Loss, Task, unpack_eval_batch
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.registry import register_task
 
@@ -142,7 +142,7 @@ class Detection(Task):
     """Images -> boxes with classes; the model computes its own losses from the targets."""
 
     name = "detection"
-    metrics = ("map", "map50", "map75")
+    metrics = {"map": MAX, "map50": MAX, "map75": MAX}
 
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""

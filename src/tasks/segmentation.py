@@ -18,7 +18,7 @@ from src import comm
 from src.data.palette import save_mask_png
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.exports import export_segmentation, gather_masks
 from src.tasks.metrics import ConfusionMatrix
@@ -102,7 +102,7 @@ class Segmentation(Task):
     """Image -> mask; TensorBoard shows image | truth | prediction panels after each evaluation."""
 
     name = "segmentation"
-    metrics = ("miou", "pixel_acc", "loss")
+    metrics = {"miou": MAX, "pixel_acc": MAX, "loss": MIN}
     per_class_prefix = "iou_"
 
     def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
