@@ -18,10 +18,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from src.data import dataset_task
+from src.data import DATASETS, dataset_task
 from src.data.config import DataConfig
 from src.local_gpus import check_processes_fit_gpus
 from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.models.registry import MODELS
 from src.tasks import Task, get_task
 from src.tracker_config import TrackerConfig
 
@@ -251,6 +252,15 @@ class TrainConfig:
     # Experiment trackers (conf/tracker/); conf/train.yaml selects tracker=tensorboard by default.
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
+    @property
+    def task(self) -> Task:
+        """The run's task (src/tasks/), resolved once by validate_config from model.name (data.name agrees)."""
+        task = self.__dict__.get("_task")
+        if task is None:
+            raise ValueError("this TrainConfig did not come from validate_config, which resolves the run's task: "
+                             "pass it through src.config.validate_config first")
+        return task
+
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 # `${on_rank_zero:VALUE}`: VALUE in the process of global rank 0 (or without torchrun), else null. Hydra runs
@@ -325,6 +335,7 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     # not at the first forward.
     typed.norm.validate(typed.device, world_size=world_size)
     check_model_norm(typed.model, typed.norm)
+    typed.__dict__["_task"] = _resolve_task(typed)  # once; config.task hands it down (not a config key)
     _check_across_groups(typed)
     return typed
 
@@ -334,29 +345,28 @@ def config_dict(config: TrainConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)  # type: ignore[return-value]
 
 
-def task_of(cfg: DictConfig | TrainConfig) -> str:
-    """The name of the run's task (src/tasks/), from the model (the data must agree: see validate_config)."""
-    from src.models import model_task
-
-    return model_task(cfg.model)
-
-
-def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
+def best_metric_of(cfg: TrainConfig) -> str:
     """The metric that ranks best-k checkpoints (resolves trainer.best_metric=auto)."""
     if cfg.trainer.best_metric != "auto":
         return cfg.trainer.best_metric
-    return get_task(task_of(cfg)).default_metric
+    return cfg.task.default_metric
 
 
-def _check_across_groups(cfg: TrainConfig) -> None:
-    name = task_of(cfg)
+def _resolve_task(cfg: TrainConfig) -> Task:
+    """The registered task of the model, which the dataset must share; ValueError naming both otherwise."""
+    name = MODELS.get(cfg.model.name).task
     data_task = dataset_task(cfg.data.name)
     if name != data_task:
         raise ValueError(
             f"model.name={cfg.model.name} is a {name} model but data.name={cfg.data.name} is a "
-            f"{data_task} dataset; pick a matching pair (e.g. data=shapes_seg for deeplab models)"
+            f"{data_task} dataset; pick a {name} dataset (data={','.join(DATASETS.names(name)) or 'none registered'}) "
+            f"or a {data_task} model (model={','.join(MODELS.names(data_task)) or 'none registered'})"
         )
-    task = get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
+    return get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
+
+
+def _check_across_groups(cfg: TrainConfig) -> None:
+    task, name = cfg.task, cfg.task.name
     metric = best_metric_of(cfg)
     if metric not in task.metrics:
         raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {tuple(task.metrics)} "

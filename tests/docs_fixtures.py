@@ -31,10 +31,7 @@ def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
     _train_checkpoint(runner, root, "det", ["experiment=shapes_det", *small, "data.image_size=64",
                                             "model.head_channels=64"], timeout_s)
     # /part
-    demo_args = [str(root / "demo"), "--train-per-class", "6", "--val-per-class", "1"]
-    # part: segmentation
-    demo_args += ["--train-images", "32", "--val-images", "3"]
-    # /part
+    demo_args = [str(root / "demo"), "--train", "32", "--val", "3"]  # per class for the class folders
     demo = runner.run("scripts/make_demo_folders.py", demo_args, root, timeout_s)
     assert demo.returncode == 0, demo.output[-3000:]
     images = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs

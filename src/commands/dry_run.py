@@ -15,7 +15,7 @@ from src import comm
 from src.commands.trained_run import TrainedRun
 from src.models import count_norm_layers
 from src.precision import autocast, model_dtype
-from src.tasks import Task, get_task
+from src.tasks import Task
 
 
 def forward_one_batch(module: nn.Module, images: Any, task: Task, *, device: torch.device, amp: str,
@@ -60,12 +60,12 @@ def trained_run_facts(trained: TrainedRun, loader: Any, action: str) -> dict[str
     batch = next(iter(loader), None)
     shape = "none (empty shard)"
     if batch is not None:
-        out = forward_one_batch(trained.model, batch[0], get_task(trained.task), device=trained.device,
+        out = forward_one_batch(trained.model, batch[0], trained.task, device=trained.device,
                                 amp=config.trainer.amp, channels_last=config.trainer.channels_last)
         shape = f"input {out['input']} -> output {out['output']}"
     return {
         "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
-        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
+        "model": f"{config.model.name} ({trained.task.name}, {len(trained.class_names)} classes), trained with "
                  f"norm={trained.trained_norm}, {action} with norm={config.norm.name}",
         **model_facts(trained.model),
         "world size": f"{comm.get_world_size()} process(es) on {trained.device}",

@@ -37,14 +37,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         if device.type == "cpu":  # as in training: this process's share of the node's cores
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        bundle = build_datasets(config.data, seed=config.seed)  # downloads once per node (zero_first inside)
+        task = trained.task
+        bundle = build_datasets(config.data, task.data, seed=config.seed)  # downloads once per node (zero_first inside)
         _check_class_count(trained, bundle)
-        loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size())
+        loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size(),
+                                   collate=task.data.eval_collate)
         if config.trainer.dry_run:
             _dry_run(trained, bundle, loader)
             return {}
-        metrics = evaluate(trained.model, loader, trained.task, bundle.num_classes, device, amp=config.trainer.amp,
-                           ignore_index=bundle.ignore_index, export=cfg.export, class_names=list(bundle.class_names))
+        metrics = evaluate(trained.model, loader, task, bundle.num_classes, device, amp=config.trainer.amp,
+                           export=cfg.export, class_names=list(bundle.class_names))
         if comm.is_main_process():
             record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
                       "checkpoint": str(trained.path), "weights": trained.weights,

@@ -52,13 +52,13 @@ def run(cfg: DictConfig) -> Path:
     ckpt, fmt, out = check_arguments(cfg)
     trained = load_trained_model(ckpt, ema=bool(cfg.ema))
     model = inference_module(trained.model)
-    size = int(cfg.image_size) if cfg.get("image_size") else example_size(trained.config, trained.task)
+    size = int(cfg.image_size) if cfg.get("image_size") else trained.task.export_size(trained.config.data)
     batch = int(cfg.batch_size)
     dtype = next(model.parameters()).dtype
     example = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     EXPORTERS[fmt](model, example, out)
-    print(f"exported {trained.path} ({trained.task}, {len(trained.class_names)} classes) as {fmt}: {out}; "
+    print(f"exported {trained.path} ({trained.task.name}, {len(trained.class_names)} classes) as {fmt}: {out}; "
           f"input: float [N, 3, H, W] normalised with mean={list(trained.config.data.mean)} "
           f"std={list(trained.config.data.std)}", flush=True)
     return out
@@ -111,13 +111,6 @@ def inference_module(model: nn.Module) -> nn.Module:
     if left:
         raise RuntimeError(f"{left} left in the model after revert_sync_batchnorm: cannot export it")
     return LogitsOnly(model).eval()
-
-
-def example_size(train_cfg: DictConfig, task: str) -> int:
-    """The side of the example image: what the model was trained on (the task says which crop that is)."""
-    from src.tasks import get_task
-
-    return get_task(task).export_size(train_cfg.data)
 
 
 def dynamic_shapes() -> dict[str, dict[int, Any]]:

@@ -28,7 +28,7 @@ from src.data.config import coerce
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.precision import autocast, model_dtype
-from src.tasks import Task, get_task
+from src.tasks import Task
 from src.tasks.predict_io import ImageFiles, list_inputs
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> Path:
     try:
         if device.type == "cpu":
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        task = get_task(trained.task)
+        task = trained.task
         loader = _loader(config, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)

@@ -14,13 +14,12 @@ import torch
 from omegaconf import DictConfig
 
 from src import comm, process_group
-from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
+from src.config import TrainConfig, best_metric_of, config_dict, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader
 from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
-from src.engine.batch_mix import build_mix
 from src.engine.checkpoint.files import CheckpointSaver, checkpoint_dir
 from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.early_stop_hook import EarlyStopHook
@@ -47,7 +46,7 @@ from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
 from src.models.norms import checked_cuda_syncbn
-from src.tasks import Task, get_task
+from src.tasks import Task
 
 log = logging.getLogger("src.commands.train")
 
@@ -114,12 +113,13 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     """Build data, model and TrainState, resume, assemble the hooks, train; returns the trainer and last metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = get_task(task_of(config))
-    data = build_datasets(config.data, seed=config.seed,
+    task, options = config.task, config.task.options(config)
+    data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
-    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
-    val_loader = build_eval_loader(data.val, config.data, rank, world)
+    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
+                                      collate=task.data.collate)
+    val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.eval_collate)
 
     model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
@@ -133,13 +133,11 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 
     module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
 
-    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
-                     aux_weight=config.model.aux_loss_weight)
-    trainer = Trainer(state, module, train_loader, loss, settings, device,
+    trainer = Trainer(state, module, train_loader, task.loss(options), settings, device,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
                       saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
                                             higher_is_better=task.higher_is_better(best_metric_of(config))),
-                      mix=build_mix(settings, data.num_classes), eval_module=eval_module,
+                      mix=task.batch_mix(options, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
     trainer.train()
     if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
@@ -168,12 +166,13 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = get_task(task_of(config))
-    data = build_datasets(config.data, seed=config.seed,
+    task = config.task
+    data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
-    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
-    build_eval_loader(data.val, config.data, rank, world)
+    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
+                                      collate=task.data.collate)
+    build_eval_loader(data.val, config.data, rank, world, collate=task.data.eval_collate)
     if len(train_loader) == 0:
         raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")
@@ -183,8 +182,7 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     # As the trainer does: on the device in the model's dtype (uint8 batches finished by device transforms).
     images, targets = task.to_device(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
                                      transform=data.device_transform)
-    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
-                     aux_weight=config.model.aux_loss_weight)
+    loss = task.loss(task.options(config))
     batch = forward_one_batch(module, images, task, device=device, amp=settings.amp,
                               channels_last=settings.channels_last, targets=targets, loss_fn=loss)
     steps = optimizer_steps_per_epoch(len(train_loader), settings.grad_accum_steps)
@@ -217,7 +215,7 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
         total_steps = min(total_steps, settings.max_steps)
     optimizer = build_optimizer(model, config.optim, effective_batch)
     log.info("%s: %s with norm=%s, %.2fM trainable parameters; effective batch %d = %d process(es) x %d x %d "
-             "accumulation; %d optimizer steps/epoch, %d in total", task_of(config), config.model.name,
+             "accumulation; %d optimizer steps/epoch, %d in total", config.task.name, config.model.name,
              config.norm.name, trainable(model.parameters()) / 1e6, effective_batch, world, config.data.batch_size,
              settings.grad_accum_steps, steps_per_epoch, total_steps)
     return TrainState(model, optimizer, build_scheduler(optimizer, config.sched, steps_per_epoch, total_steps),
@@ -265,8 +263,7 @@ def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
 def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: Task, data: DataBundle, device: torch.device,
               amp: str) -> dict[str, float]:
     """The exact distributed evaluation of `module` on the validation set (the same dict on every rank)."""
-    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, ignore_index=data.ignore_index,
-                    class_names=list(data.class_names))
+    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, class_names=list(data.class_names))
 
 
 def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle, device: torch.device) -> Any:
@@ -274,7 +271,7 @@ def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle,
     if tracker.writer is None:
         return None
     return partial(_eval_pictures, task, tracker.writer, data.val, device=device, mean=list(config.data.mean),
-                   std=list(config.data.std), ignore_index=data.ignore_index, amp=config.trainer.amp)
+                   std=list(config.data.std), amp=config.trainer.amp)
 
 
 def _eval_pictures(task: Task, writer: Any, dataset: Any, model: torch.nn.Module, step: int, **kwargs: Any) -> None:

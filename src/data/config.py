@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.registry import DATASETS, dataset_entry
-from src.data.task_data import all_task_data, task_data
 from src.dataclass_config import to_dataclass
 
 
@@ -100,15 +99,13 @@ class DataConfig:
         _check_decode_on_device(self, entry.info.get("encoded_files", False))
         _at_least("image_size", self.image_size, 8)
         _at_least("crop_size", self.crop_size, 8)
-        if entry.info.get("varying_sizes") and task_data(entry.task).resize_then_crop:
-            _at_least("resize_size", self.resize_size, self.image_size)  # eval: Resize, then CenterCrop
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
         if not 0 <= self.photometric_spread <= 1:
             raise ValueError(f"data.photometric_spread must be in [0, 1], got {self.photometric_spread}")
         if not 0 <= self.color_jitter <= 1:
             raise ValueError(f"data.color_jitter must be in [0, 1], got {self.color_jitter}")
-        _check_image_only_augmentation(self, entry.task)
+        _check_image_only_augmentation(self)
         if not 0 < self.scale_min <= self.scale_max:
             raise ValueError(f"data.scale_min and data.scale_max must satisfy 0 < scale_min <= scale_max, "
                              f"got {self.scale_min} and {self.scale_max}")
@@ -142,9 +139,9 @@ class DataConfig:
 AUTO_AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")
 
 
-def _check_image_only_augmentation(cfg: DataConfig, task: str) -> None:
-    """data.auto_augment / data.random_erase: known values, for tasks whose targets they leave valid, under
-    data.augment."""
+def _check_image_only_augmentation(cfg: DataConfig) -> None:
+    """data.auto_augment / data.random_erase: known values, under data.augment (which tasks they apply to is the
+    tasks' to say)."""
     if cfg.auto_augment not in AUTO_AUGMENT_POLICIES:
         raise ValueError(f"data.auto_augment must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, "
                          f"got {cfg.auto_augment!r}")
@@ -152,12 +149,6 @@ def _check_image_only_augmentation(cfg: DataConfig, task: str) -> None:
     if isinstance(erase, bool) or not isinstance(erase, (int, float)) or not 0 <= erase <= 1:
         raise ValueError(f"data.random_erase is a probability in [0, 1] (0 = off), got {erase!r}")
     used = [k for k, on in (("auto_augment", cfg.auto_augment != "none"), ("random_erase", erase > 0)) if on]
-    if used and not task_data(task).image_only_augmentations:
-        # The policies' geometric operations (shear, rotate, translate) would have to move masks and boxes with
-        # the image, and erasing would have to mark what it hides as ignored: not implemented, so refused.
-        offer = " and ".join(e.task for e in all_task_data() if e.image_only_augmentations)
-        raise ValueError(f"data.{used[0]} applies to {offer} only; data.name={cfg.name} is {task}: "
-                         f"remove it ({task} trains with its own augmentation: random scale, crop and flip)")
     if used and not cfg.augment:
         raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
                          f"set data.augment=true or remove data.{used[0]}")
@@ -187,3 +178,13 @@ def _at_least(key: str, value: int, low: int) -> None:
 def coerce(cfg: Any) -> DataConfig:
     """A DataConfig from a DataConfig, an OmegaConf node or a mapping (extra keys are an error)."""
     return to_dataclass(cfg, DataConfig, "data")
+
+
+def checked(cfg: Any) -> DataConfig:
+    """A DataConfig ready to build from: an instance as it is (config validation checked it, once), a mapping or
+    an OmegaConf node coerced and validated here."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    data = coerce(cfg)
+    data.validate()
+    return data

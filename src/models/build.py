@@ -26,10 +26,8 @@ def as_config(cfg: ConfigLike, schema: type[T]) -> T:
 
 
 def model_task(model_cfg: ConfigLike) -> str:
-    """The task a model config's model is registered for (src/tasks/)."""
-    cfg = as_config(model_cfg, ModelConfig)
-    cfg.validate(check_files=False)
-    return MODELS.get(cfg.name).task
+    """The task a model config's model is registered for (src/tasks/); ValueError naming the valid names."""
+    return MODELS.get(as_config(model_cfg, ModelConfig).name).task
 
 
 def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *,
@@ -42,14 +40,18 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     weights_files=False skips all of them (and the files' existence check): for
     callers that load a checkpoint right after (evaluation, resume), where those files may be long gone.
     """
+    # Dataclass instances come validated (config validation checks each group once); dicts and OmegaConf nodes
+    # are checked here. Hardware needs of torch_syncbn are the app's config validation's (NormConfig.validate
+    # with the run's device): building one on a CPU-only machine stays possible (inspection, conversion).
     mcfg, ncfg = as_config(model_cfg, ModelConfig), as_config(norm_cfg, NormConfig)
-    mcfg.validate(check_files=weights_files)
+    if not isinstance(model_cfg, ModelConfig):
+        mcfg.validate(check_files=weights_files)
+    if not isinstance(norm_cfg, NormConfig):
+        ncfg.validate(device=None)
+    if not (isinstance(model_cfg, ModelConfig) and isinstance(norm_cfg, NormConfig)):
+        check_model_norm(mcfg, ncfg)
     if not weights_files:  # timm's pretrained weights are loaded by its builder: off here too
         mcfg = dataclasses.replace(mcfg, pretrained=False)
-    # Hardware needs of torch_syncbn are checked by the app's config validation (NormConfig.validate with
-    # the run's device); building one on a CPU-only machine stays possible (inspection, conversion).
-    ncfg.validate(device=None)
-    check_model_norm(mcfg, ncfg)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
     entry = MODELS.get(mcfg.name)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from src.data.device_transforms import DeviceTransform, move_batch
-from src.data.task_data import TaskData, task_data
+from src.data.task_data import TaskData
 
 MAX, MIN = "max", "min"  # which way a metric improves
 Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
@@ -39,7 +39,6 @@ class EvalContext:
     num_classes: int
     device: torch.device
     dataset_size: Optional[int]  # None when the loader's dataset has no len(): the each-once check is then partial
-    ignore_index: int = 255
     class_names: Optional[list[str]] = None
     # `loss_fn(outputs, targets)`: unreduced losses (or a 0-dim mean) instead of the task's own loss.
     loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None
@@ -66,6 +65,9 @@ class Task:
     per_class_prefix: Optional[str] = None
     per_class_direction: str = MAX
     mixing: bool = False  # trainer.mixup_alpha / cutmix_alpha (MixUp / CutMix of batch and labels) apply
+    # data.auto_augment and data.random_erase apply (image-only augmentations that leave the target as it is).
+    image_only_augmentations: bool = False
+    data: TaskData  # the data layer's part of the task: transforms and collation (src/data/task_data.py)
 
     # --- config --------------------------------------------------------------------------------------------
     @property
@@ -94,12 +96,14 @@ class Task:
         if not self.mixing and (trainer.mixup_alpha > 0 or trainer.cutmix_alpha > 0):
             raise ValueError(f"trainer.mixup_alpha / trainer.cutmix_alpha mix images and their labels, which "
                              f"{self.name} does not support; set them to 0")
-
-    # --- data ----------------------------------------------------------------------------------------------
-    @property
-    def data(self) -> TaskData:
-        """The data layer's part of the task: transforms and collation (src/data/task_data.py)."""
-        return task_data(self.name)
+        data = config.data
+        used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
+                if on]
+        if used and not self.image_only_augmentations:
+            # The policies' geometric operations (shear, rotate, translate) would have to move masks and boxes with
+            # the image, and erasing would have to mark what it hides as ignored: not implemented, so refused.
+            raise ValueError(f"data.{used[0]} applies to classification only; data.name={data.name} is {self.name}: "
+                             f"remove it ({self.name} trains with its own augmentation)")
 
     # --- training ------------------------------------------------------------------------------------------
     def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
@@ -119,9 +123,18 @@ class Task:
         """The training forward; models that compute their own losses take the targets here."""
         return module(images)
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
-        """The training loss of `forward`'s outputs (a subclass must say)."""
+    def options(self, config: Any) -> Any:
+        """This task's options of the run `config` (a validated TrainConfig), as one object: what its loss, batch
+        mixing and pictures read (default: none)."""
+        return None
+
+    def loss(self, options: Any) -> Loss:
+        """The training loss of `forward`'s outputs, with the run's `options()` (a subclass must say)."""
         raise NotImplementedError(f"task {self.name!r} defines no training loss")
+
+    def batch_mix(self, options: Any, num_classes: int) -> Optional[Callable[[Any, Any], tuple[Any, Any]]]:
+        """What mixes each training batch and its targets before the forward (MixUp, CutMix), or None."""
+        return None
 
     def describe_output(self, outputs: Any) -> str:
         """The dry run's one-line description of a forward's outputs."""
@@ -147,7 +160,7 @@ class Task:
         """Pictures of a training batch, once per run (default: none)."""
 
     def log_eval_pictures(self, writer: Any, model: nn.Module, dataset: Any, step: int, device: torch.device, *,
-                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+                          mean: Sequence[float], std: Sequence[float], amp: str) -> None:
         """Pictures after an evaluation (default: none)."""
 
     # --- predict.py / export.py -----------------------------------------------------------------------------

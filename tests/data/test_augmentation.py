@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
+from src.data import DATASETS, DataConfig, set_loader_epoch
+from src.models import MODELS
+from src.tasks import task_names
+from tests.support.task_data import build_datasets, build_train_loader
 from src.data.config import AUTO_AUGMENT_POLICIES
 
 POLICIES = [p for p in AUTO_AUGMENT_POLICIES if p != "none"]
@@ -78,12 +81,27 @@ def test_evaluation_is_untouched() -> None:
     (dict(random_erase=1.5), r"data.random_erase is a probability in \[0, 1\]"),
     (dict(random_erase=-0.1), "data.random_erase"),
     (dict(auto_augment="autoaugment", augment=False), "data.augment=false"),
-    (dict(name="shapes_seg", num_classes=None, auto_augment="randaugment"), "classification only"),
-    (dict(name="shapes_seg", num_classes=None, random_erase=0.25), "data.random_erase applies to classification"),
 ])
 def test_bad_values_are_refused(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _cfg(**kw).validate()
+
+
+# A model and a dataset of each other task this project has (every task's first registered ones).
+OTHER_TASKS = [(MODELS.names(t)[0], DATASETS.names(t)[0]) for t in task_names()
+               if t != "classification" and MODELS.names(t) and DATASETS.names(t)]
+
+
+@pytest.mark.parametrize("model, data", OTHER_TASKS)
+@pytest.mark.parametrize("kw, match", [
+    (dict(auto_augment="randaugment"), "classification only"),
+    (dict(random_erase=0.25), "data.random_erase applies to classification"),
+])
+def test_other_tasks_refuse_them(kw: dict, match: str, model: str, data: str) -> None:
+    from src.config import validate_config
+
+    with pytest.raises(ValueError, match=match):
+        validate_config({"model": {"name": model}, "data": {"name": data, **kw}})
 
 
 def test_the_recipe_that_uses_them_composes_and_validates() -> None:

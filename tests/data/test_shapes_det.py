@@ -9,7 +9,7 @@ from torchvision import tv_tensors
 from src.data import shapes
 from src.data.config import DataConfig
 from src.data.det_collate import detection_collate, detection_collate_indexed
-from src.data.det_transforms import detection_eval_transform, detection_train_transform
+from src.tasks.detection.transforms import detection_eval_transform, detection_train_transform
 from src.data.registry import dataset_entry
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.shapes_datasets import MIN_VISIBLE_AREA, ShapesDetection, ShapesSegmentation

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from torchvision.models import get_model_weights
 
+from src.data import DATASETS
 from src.models import MODELS, ModelConfig, NormConfig, build_model, model_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -231,8 +232,10 @@ def test_one_registration_is_all_a_new_model_needs() -> None:
         assert type(model[1]) is SyncBatchNorm2d and model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
             validate_config(compose("train", overrides=["model.name=my_test_net"]))
-            with pytest.raises(ValueError, match="model.name=my_test_net is a classification model but "
-                                                 "data.name=shapes_seg is a segmentation dataset"):
-                validate_config(compose("train", overrides=["model.name=my_test_net", "data.name=shapes_seg"]))
+            # A dataset of another task is refused: every other task's first (none in a classification-only project).
+            for data in [e for e in DATASETS if e.task != "classification"][:1]:
+                with pytest.raises(ValueError, match=f"model.name=my_test_net is a classification model but "
+                                                     f"data.name={data.name} is a {data.task} dataset"):
+                    validate_config(compose("train", overrides=["model.name=my_test_net", f"data={data.name}"]))
     finally:
         MODELS._entries.pop("my_test_net")  # the registry is process-wide: leave it as it was

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from src.data import DataConfig, build_datasets, build_eval_loader
+from src.data import DataConfig
+from tests.support.task_data import build_datasets, build_eval_loader
 from src.engine.evaluation.evaluator import evaluate
 from tests.support.gloo import run_on_ranks
 

@@ -1,14 +1,13 @@
-"""predict.py's file handling: which inputs, in which order, output names that never collide, the CSV, errors."""
+"""predict.py's file handling: which inputs, in which order, errors (each task's output: tests/tasks/<task>/)."""
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from src.commands.predict import run
-from src.tasks.predict_io import list_inputs, mask_names, write_predictions_csv
+from src.tasks.predict_io import list_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,24 +36,6 @@ def test_single_file_input_and_missing_or_empty_inputs(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no images found \(looked for .jpg"):
         list_inputs(tmp_path / "empty")
-
-
-def test_mask_names_keep_folders_and_never_collide() -> None:
-    rel = [Path("a.jpg"), Path("a.png"), Path("x/a.jpg"), Path("y/a.jpg"), Path("z/b.tif")]
-    names = mask_names(rel)
-    assert names == [Path("a.jpg.png"), Path("a.png.png"), Path("x/a.png"), Path("y/a.png"), Path("z/b.png")]
-    assert len(set(names)) == len(names)
-
-
-def test_csv_rows_and_quoting(tmp_path: Path) -> None:
-    path = tmp_path / "out" / "predictions.csv"
-    write_predictions_csv(path, ["a.jpg", "dir/b,c.jpg"], [["cat", "dog, large"], ["dog, large", "cat"]],
-                          [[0.75, 0.25], [0.5, 0.4999996]])
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    assert rows == [["file", "class_1", "prob_1", "class_2", "prob_2"],
-                    ["a.jpg", "cat", "0.750000", "dog, large", "0.250000"],
-                    ["dir/b,c.jpg", "dog, large", "0.500000", "cat", "0.500000"]]
 
 
 def _compose(*overrides: str):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from src.data import DATASETS, task_data
+from src.data import DATASETS
 from src.models import MODELS
 from src.tasks import Task, all_tasks, get_task, task_names
 from src.tasks.base import MAX, MIN
@@ -28,7 +28,7 @@ def test_every_dataset_and_model_names_a_registered_task_with_its_data_handling(
     for entry in (*DATASETS, *MODELS):
         assert get_task(entry.task).name == entry.task
     for task in all_tasks():
-        assert task_data(task.name).task == task.name and task.metrics
+        assert task.data.task == task.name and task.metrics
     with pytest.raises(ValueError, match=r"task .depth. is not registered; registered tasks: .*classification"):
         get_task("depth")
 

@@ -26,7 +26,6 @@ from torchvision import datasets, tv_tensors
 from torchvision.datasets.vision import VisionDataset
 
 from src.data.coco_annotations import CocoAnnotations, load_annotations
-from src.data import det_transforms  # noqa: F401  (registers the detection task's TaskData)
 from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
 from src.data.registry import DATASETS, Splits

@@ -1,7 +1,6 @@
 """The embedded detection set `shapes_det`: the shapes_seg scenes with one box and class per visible shape."""
 from __future__ import annotations
 
-from src.data import det_transforms  # noqa: F401  (registers the detection task's TaskData)
 from src.data.config import DataConfig
 from src.data.registry import DATASETS, Splits
 from src.data.shapes_datasets import ShapesDetection, check_scene_classes, scene_splits

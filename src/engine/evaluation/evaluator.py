@@ -29,7 +29,6 @@ def evaluate(
     device: torch.device | str,
     *,
     amp: str = "none",
-    ignore_index: int = 255,
     loss_fn: LossFn | None = None,
     export: str | Path | None = None,
     class_names: list[str] | None = None,
@@ -48,7 +47,7 @@ def evaluate(
     # A compiled bare model (trainer.compile) is kept: evaluation runs its compiled eval-mode graph.
     net = without_ddp(model)
     evaluator = task.evaluator(EvalContext(
-        num_classes=num_classes, device=device, dataset_size=_dataset_size(loader), ignore_index=ignore_index,
+        num_classes=num_classes, device=device, dataset_size=_dataset_size(loader),
         class_names=class_names, loss_fn=loss_fn, export=Path(export) if export is not None else None))
     dtype = model_dtype(net)
     with eval_mode(net), torch.inference_mode():

@@ -9,23 +9,36 @@ composition, thread count and CPU): within 1e-6 relative.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from src import comm
 from src.data.samplers import check_each_index_once
+from src.data.transforms import varying_sizes
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
+from src.tasks.classification.exports import export_classification
+from src.tasks.classification.metrics import topk_correct
+from src.tasks.classification.mix import build_mix
+from src.tasks.classification.predictions import PREDICTIONS_CSV, write_predictions_csv
+from src.tasks.classification.transforms import CLASSIFICATION_DATA
 from src.tasks.evaluation import check_each_sample_once, custom_loss
-from src.tasks.exports import export_classification
-from src.tasks.metrics import topk_correct
-from src.tasks.predict_io import PREDICTIONS_CSV, write_predictions_csv
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+
+
+@dataclass(frozen=True)
+class ClassificationOptions:
+    """What classification's loss and batch mixing read."""
+
+    label_smoothing: float = 0.0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
 
 
 def classification_loss(label_smoothing: float = 0.0) -> Loss:
@@ -88,11 +101,29 @@ class Classification(Task):
 
     name = "classification"
     metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
+    data = CLASSIFICATION_DATA
     mixing = True
+    image_only_augmentations = True
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+    def validate(self, config: Any) -> None:
+        """The evaluation of images of varying sizes resizes, then crops: data.resize_size >= data.image_size."""
+        super().validate(config)
+        data = config.data
+        if varying_sizes(data) and (not isinstance(data.resize_size, int) or data.resize_size < data.image_size):
+            raise ValueError(f"data.resize_size must be an integer >= {data.image_size}, got {data.resize_size!r}")
+
+    def options(self, config: Any) -> ClassificationOptions:
+        """trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha."""
+        t = config.trainer
+        return ClassificationOptions(t.label_smoothing, t.mixup_alpha, t.cutmix_alpha)
+
+    def loss(self, options: ClassificationOptions) -> Loss:
         """Cross-entropy with trainer.label_smoothing."""
-        return classification_loss(label_smoothing)
+        return classification_loss(options.label_smoothing)
+
+    def batch_mix(self, options: ClassificationOptions, num_classes: int) -> Optional[Callable]:
+        """MixUp / CutMix with trainer.mixup_alpha / trainer.cutmix_alpha (None when both are 0)."""
+        return build_mix(options, num_classes)
 
     def evaluator(self, context: EvalContext) -> ClassificationEvaluator:
         """top1 / top5 in percent, the mean loss."""
@@ -101,7 +132,7 @@ class Classification(Task):
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
                           std: Sequence[float]) -> None:
         """A grid of up to 32 training images."""
-        from src.tasks.pictures import log_classification_grid
+        from src.tasks.classification.pictures import log_classification_grid
 
         log_classification_grid(writer, images[:32].cpu(), step, targets=targets[:32].cpu(), mean=list(mean),
                                 std=list(std))

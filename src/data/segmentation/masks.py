@@ -1,7 +1,8 @@
-"""TensorPairs: adapts torchvision's (PIL image, PIL label map) datasets to (Image, Mask) tensors.
+"""Segmentation samples in the data layer: the ignore label, and TensorPairs, which adapts torchvision's (PIL image,
+PIL label map) datasets to (Image, Mask) tensors.
 
 Every segmentation dataset returns (tv_tensors.Image uint8 [3, H, W], tv_tensors.Mask uint8 [H, W]) with
-255 = ignore, so the joint transforms in seg_transforms.py treat them all alike.
+255 = ignore, so segmentation's joint transforms (src/tasks/segmentation/transforms.py) treat them all alike.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from src.data.transforms import to_image, to_mask
+
+IGNORE_INDEX = 255  # the label of pixels no metric or loss counts (VOC's void border, Cityscapes' unlabelled)
 
 
 class TensorPairs(Dataset):

@@ -27,6 +27,7 @@ from src.data.samplers import check_each_index_once
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task, unpack_eval_batch
 from src.tasks.evaluation import check_each_sample_once
+from src.tasks.detection.transforms import DETECTION_DATA
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
@@ -143,6 +144,7 @@ class Detection(Task):
 
     name = "detection"
     metrics = {"map": MAX, "map50": MAX, "map75": MAX}
+    data = DETECTION_DATA
 
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""
@@ -184,7 +186,7 @@ class Detection(Task):
         """torchvision's training protocol: the model's losses for these images and boxes."""
         return module(list(images), list(targets))
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+    def loss(self, options: Any) -> Loss:
         """The sum of the model's losses."""
         return detection_loss
 
@@ -217,7 +219,7 @@ class Detection(Task):
                              dataformats="CHW")
 
     def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
-                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+                          mean: Sequence[float], std: Sequence[float], amp: str) -> None:
         """A few fixed validation images with ground truth (green) and predictions scoring >= 0.3 (red)."""
         from src.precision import autocast, model_dtype
         from src.tasks.pictures import fixed_sample_indices
