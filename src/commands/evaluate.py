@@ -41,7 +41,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         bundle = build_datasets(config.data, task.data, seed=config.seed)  # downloads once per node (zero_first inside)
         _check_class_count(trained, bundle)
         loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size(),
-                                   collate=task.data.eval_collate)
+                                   collate=task.data.collate)
         if config.trainer.dry_run:
             _dry_run(trained, bundle, loader)
             return {}

@@ -23,8 +23,7 @@ from torch.utils.data import DataLoader
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
-from src.data import ExactEvalSampler
-from src.data.config import coerce
+from src.data import Batch, ExactEvalSampler, collate_stacked
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.precision import autocast, model_dtype
@@ -54,7 +53,7 @@ def run(cfg: DictConfig) -> Path:
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
-        written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
+        written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
                                class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
                                draw=bool(cfg.get("draw", False)), score_threshold=float(cfg.get("score_threshold", 0.0)))
         comm.barrier()
@@ -74,25 +73,25 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
 
 def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> DataLoader:
-    """This rank's contiguous shard of the inputs, through the task's predict transform and batch size."""
-    dataset = ImageFiles(base, relative, task.data.predict(coerce(config.data)))
+    """This rank's contiguous shard of the inputs as Batches (no targets), through the task's predict transform,
+    collation and batch size."""
+    dataset = ImageFiles(base, relative, task.data.predict(config.data))
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
         kwargs["persistent_workers"] = False
-    if task.data.collate is not None:  # e.g. detection: a list of images, each at its own size
-        kwargs["collate_fn"] = task.data.collate
     return DataLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
+                      collate_fn=task.data.collate or collate_stacked,
                       sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
 
 
-def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
+def _forward(trained: TrainedRun, batch: Batch) -> Any:
     """The model's eval outputs for a batch of inputs, on the run's device and dtype, under its autocast."""
     settings = trained.config.trainer
-    images = task.move_images(images, trained.device, model_dtype(trained.model))
-    if settings.channels_last and isinstance(images, torch.Tensor):  # tasks of image lists refuse channels_last
-        images = images.contiguous(memory_format=torch.channels_last)
+    batch = batch.to(trained.device, model_dtype(trained.model))
+    if settings.channels_last:
+        batch = batch.channels_last()
     with torch.inference_mode(), autocast(settings.amp, trained.device):
-        return task.eval_forward(trained.model, images)
+        return trained.model(batch.images)
 
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:

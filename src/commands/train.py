@@ -119,7 +119,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                           and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
                                       collate=task.data.collate)
-    val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.eval_collate)
+    val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.collate)
 
     model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
@@ -172,19 +172,16 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
                           and device_transforms_enabled(config.data.device_transforms, device))
     train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
                                       collate=task.data.collate)
-    build_eval_loader(data.val, config.data, rank, world, collate=task.data.eval_collate)
+    build_eval_loader(data.val, config.data, rank, world, collate=task.data.collate)
     if len(train_loader) == 0:
         raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")
     model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
-    images, targets = next(iter(train_loader))
     # As the trainer does: on the device in the model's dtype (uint8 batches finished by device transforms).
-    images, targets = task.to_device(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
-                                     transform=data.device_transform)
-    loss = task.loss(task.options(config))
-    batch = forward_one_batch(module, images, task, device=device, amp=settings.amp,
-                              channels_last=settings.channels_last, targets=targets, loss_fn=loss)
+    batch = forward_one_batch(module, next(iter(train_loader)), task, device=device, amp=settings.amp,
+                              channels_last=settings.channels_last, loss_fn=task.loss(task.options(config)),
+                              transform=data.device_transform)
     steps = optimizer_steps_per_epoch(len(train_loader), settings.grad_accum_steps)
     effective = world * config.data.batch_size * settings.grad_accum_steps
     print_summary("train.py", {

@@ -5,19 +5,20 @@ loaders. Every dataset is registered once in DATASETS (src/data/registry.py) by 
     train_loader = build_train_loader(bundle.train, cfg.data, rank, world_size, seed=cfg.seed, collate=task.data.collate)
     for epoch in range(epochs):
         set_loader_epoch(train_loader, epoch)     # sampler order and augmentation of this epoch
-        for images, targets in train_loader: ...
-    for images, targets, indices in build_eval_loader(bundle.val, cfg.data, rank, world_size,
-                                                      collate=task.data.eval_collate): ...
+        for batch in train_loader: ...            # Batch(images, targets, indices): src/data/batch.py
+    for batch in build_eval_loader(bundle.val, cfg.data, rank, world_size, collate=task.data.collate): ...
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
+from src.data.batch import Batch, collate_lists, collate_stacked
 from src.data.config import DataConfig, checked
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
@@ -27,8 +28,9 @@ from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.task_data import TaskData
 
 __all__ = [
-    "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
-    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch", "TaskData",
+    "Batch", "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
+    "build_eval_loader", "build_train_loader", "collate_lists", "collate_stacked", "dataset_task", "set_loader_epoch",
+    "TaskData",
 ]
 
 
@@ -99,8 +101,8 @@ def _loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
 
 def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, seed: int,
                        drop_last: bool = True, collate: Any = None) -> DataLoader:
-    """Loader over this rank's micro-batches (TrainBatchSampler); yields (images, targets). `collate`: the task's
-    (TaskData.collate; None = torch's default_collate).
+    """Loader over this rank's micro-batches (TrainBatchSampler); yields Batches. `collate`: the task's
+    (TaskData.collate; None = collate_stacked).
 
     No worker_init_fn: augmentation is seeded per sample from (seed, epoch, index), so worker RNG
     states never matter, and the epoch reaches workers inside the sampled indices.
@@ -109,22 +111,28 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
     sampler = TrainBatchSampler(len(dataset), cfg.batch_size, rank=rank, world_size=world_size, seed=seed,
                                 shuffle=True, drop_last=drop_last)
     # EncodedFiles (data.decode_on_device) collates its byte strings itself; others as their task says
-    # (default_collate unless the task's samples do not stack, e.g. detection's lists of boxes).
-    collate = getattr(dataset, "collate_fn", None) or collate
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                      **_loader_kwargs(cfg))
+    # (stacked unless the task's samples do not stack, e.g. detection's lists of boxes).
+    own = getattr(dataset, "collate_fn", None)
+    batches = partial(_collate_with, own) if own is not None else collate or collate_stacked
+    return DataLoader(IndexedDataset(dataset), batch_sampler=sampler, collate_fn=batches, **_loader_kwargs(cfg))
+
+
+def _collate_with(collate_pairs: Any, samples: list) -> Batch:
+    """A Batch from a dataset's own collate_fn of (image, target) pairs, with the samples' indices."""
+    images, targets = collate_pairs([(s[0], s[1]) for s in samples])
+    return Batch(images, targets, torch.tensor([int(s[2]) for s in samples], dtype=torch.int64))
 
 
 def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, collate: Any = None) -> DataLoader:
-    """Loader over this rank's contiguous shard (ExactEvalSampler); yields (images, targets, indices).
-    `collate`: the task's (TaskData.eval_collate; None = torch's default_collate).
+    """Loader over this rank's contiguous shard (ExactEvalSampler); yields Batches.
+    `collate`: the task's (TaskData.collate; None = collate_stacked).
 
     Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1, unless
     the task's own collation takes any sizes.
     """
     cfg = checked(data_cfg)
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
-    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
+    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate or collate_stacked,
                       sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
                       **_loader_kwargs(cfg))
 

@@ -23,8 +23,7 @@ class TaskData:
     fixed_size: bool = False
     # data.device_transforms: the training transform can stop before normalisation (uint8 batches).
     device_transforms: bool = True
-    # Batching: None = torch's default_collate (tensors stacked); else a function of the list of samples:
-    # `collate` of (image, target) pairs (and predict.py's (image, index) pairs), `eval_collate` of the
-    # evaluation loader's (image, target, index) triples, which must yield (images, targets, int64 indices).
+    # Batching of (image, target, index) samples into a Batch (src/data/batch.py), for training, evaluation and
+    # predict.py (whose targets are None): None = stacked (collate_stacked; evaluation of images of several sizes
+    # then goes one image per batch); a task whose samples do not stack gives its own, e.g. collate_lists.
     collate: Optional[Callable[[list], Any]] = None
-    eval_collate: Optional[Callable[[list], Any]] = None

@@ -25,7 +25,6 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 import torch
 from torch import nn
 
-from src.data.device_transforms import DeviceTransform, move_batch
 from src.data.task_data import TaskData
 
 MAX, MIN = "max", "min"  # which way a metric improves
@@ -106,21 +105,9 @@ class Task:
                              f"remove it ({self.name} trains with its own augmentation)")
 
     # --- training ------------------------------------------------------------------------------------------
-    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
-                  transform: Optional[DeviceTransform] = None) -> tuple[Any, Any]:
-        """A training batch from the loader on the device, images in the model's dtype."""
-        return move_batch(images, targets, device=device, dtype=dtype, transform=transform)
-
-    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> Any:
-        """Images of a batch (evaluation, predict.py, the dry run) on the device in the model's dtype."""
-        return images.to(device, dtype, non_blocking=True)
-
-    def batch_size(self, images: Any) -> int:
-        """Samples in a batch (the loss is averaged over micro-batches weighted by it)."""
-        return int(images.shape[0])
-
     def forward(self, module: nn.Module, images: Any, targets: Any) -> Any:
-        """The training forward; models that compute their own losses take the targets here."""
+        """The training forward of a Batch's images and targets (src/data/batch.py); models that compute their own
+        losses take the targets here."""
         return module(images)
 
     def options(self, config: Any) -> Any:
@@ -141,15 +128,6 @@ class Task:
         return str(tuple(outputs.shape))
 
     # --- evaluation ----------------------------------------------------------------------------------------
-    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
-        """(images in `dtype`, targets, dataset indices on the CPU) from an evaluation loader's batch."""
-        images, targets, indices = unpack_eval_batch(batch)
-        return self.move_images(images, device, dtype), targets.to(device, non_blocking=True), indices
-
-    def eval_forward(self, net: nn.Module, images: Any) -> Any:
-        """The eval-mode forward whose outputs `evaluator().process` receives."""
-        return net(images)
-
     def evaluator(self, context: EvalContext) -> Evaluator:
         """A fresh accumulator for one evaluation (a subclass must say)."""
         raise NotImplementedError(f"task {self.name!r} defines no evaluator")
@@ -171,21 +149,17 @@ class Task:
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
                 class_names: list[str], topk: int, batch_count: int, draw: bool = False,
                 score_threshold: float = 0.0) -> Path:
-        """Write predict.py's output for this rank's `batches` of (images, indices) and return what was written
-        (every rank calls it; rank 0 writes). `forward(images)` runs the model in eval mode under the run's
-        autocast; `files` are the inputs' relative paths, by index; `draw` and `score_threshold` are predict.py's
-        options for tasks that draw their predictions and score them (detection)."""
+        """Write predict.py's output for this rank's `batches` (Batches of images and indices, no targets) and
+        return what was written (every rank calls it; rank 0 writes). `forward(batch)` runs the model in eval mode
+        under the run's autocast; `files` are the inputs' relative paths, by index; `draw` and `score_threshold`
+        are predict.py's options for tasks that draw their predictions and score them (detection)."""
         raise NotImplementedError(f"predict.py does not support task {self.name!r}")
+
+    def export_output(self, outputs: Any) -> torch.Tensor:
+        """The one tensor export.py's file returns of the model's eval outputs (default: the outputs)."""
+        return outputs
 
     def export_size(self, train_data: Any) -> int:
         """The side of export.py's example image for a run trained with data config `train_data`."""
         return int(train_data.image_size)
 
-
-def unpack_eval_batch(batch: Any) -> tuple[Any, Any, torch.Tensor]:
-    """(images, targets, dataset indices as CPU int64) of an evaluation loader's batch; ValueError otherwise."""
-    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-        raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
-                         "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices")
-    images, targets, indices = batch
-    return images, targets, torch.as_tensor(indices, dtype=torch.int64).cpu()

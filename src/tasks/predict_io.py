@@ -40,7 +40,7 @@ def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[P
 
 
 class ImageFiles(Dataset):
-    """(transformed image, index) for each file, read as RGB (the training data's loader)."""
+    """(transformed image, None, index) for each file, read as RGB (the training data's loader)."""
 
     def __init__(self, base: Path, relative: list[Path], transform: Callable[[Any], torch.Tensor]) -> None:
         self.paths = [base / r for r in relative]
@@ -49,6 +49,7 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, None, int]:
+        """(image, no target, index): the samples a task's collation makes a Batch of."""
         image = self.transform(load_rgb(self.paths[index]))
-        return image.as_subclass(torch.Tensor), index
+        return image.as_subclass(torch.Tensor), None, index

@@ -80,7 +80,8 @@ def model_logit_scale(model: torch.nn.Module, cfg) -> float:
     """The largest |logit| of the model (eval mode) on a random batch."""
     side = cfg.data.image_size
     with torch.no_grad():
-        out = inference_module(model)(torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
+        out = inference_module(model, cfg.task.export_output)(
+            torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
     model.train()
     return float(out.abs().max())
 
@@ -107,7 +108,7 @@ def reference(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[torch.Tenso
     other = torch.nn.functional.interpolate(images[:3], size=(side + 8, side + 16), mode="bilinear",
                                             align_corners=False)
     # Two batch sizes, neither the example's 2, and another, non-square image size.
-    return inference_module(trained.model), [images[:1], images, other]
+    return inference_module(trained.model, trained.task.export_output), [images[:1], images, other]
 
 
 def _export(ckpt: Path, fmt: str, out: Path) -> Path:
@@ -156,7 +157,7 @@ def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: Checkpoint) 
     model = build_model(cfg.model, cfg.norm, len(load_trained_model(ckpt).class_names))
     assert any(isinstance(m, SyncBatchNorm) for m in model.modules())
     model.load_state_dict(weights)
-    exported = inference_module(model)
+    exported = inference_module(model, cfg.task.export_output)
     assert not any(isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)) for m in exported.modules())
     assert not exported.training
     state = exported.model.state_dict()

@@ -59,7 +59,7 @@ def test_world_size_does_not_change_what_each_sample_becomes() -> None:
     def batches(cfg: DataConfig, rank: int, world: int) -> list[torch.Tensor]:
         loader = build_train_loader(bundle.train, cfg, rank, world, seed=11)
         set_loader_epoch(loader, 3)
-        return [x for x, _ in loader]
+        return [x for x, _, _ in loader]
 
     ref = batches(cfg1, 0, 1)
     cfg2 = _cfg(auto_augment="randaugment", random_erase=0.5, batch_size=2)

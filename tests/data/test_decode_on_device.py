@@ -17,7 +17,7 @@ from src.data import DataConfig, set_loader_epoch
 from tests.support.task_data import build_datasets, build_train_loader
 from src.data.datasets.imagefolder import write_classify
 from src.data.device_decode import EncodedImages, decode_batch
-from src.data.device_transforms import move_batch, prefetch
+from src.data.device_transforms import prefetch
 
 CPU = torch.device("cpu")
 
@@ -44,14 +44,13 @@ def _batches(cfg: DataConfig, seed: int = 5) -> list[tuple[torch.Tensor, Any]]:
     loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=seed)
     set_loader_epoch(loader, 1)
     raw = list(loader)
-    assert all(isinstance(images, EncodedImages) for images, _ in raw) == cfg.decode_on_device
-    return list(prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
-                                                      transform=bundle.device_transform), CPU))
+    assert all(isinstance(images, EncodedImages) for images, _, _ in raw) == cfg.decode_on_device
+    return list(prefetch(raw, lambda batch: batch.to(CPU, torch.float32, transform=bundle.device_transform), CPU))
 
 
 def _assert_same(today: list[tuple[torch.Tensor, Any]], decoded: list[tuple[torch.Tensor, Any]]) -> None:
     assert len(today) == len(decoded) == 2
-    for (a, t), (b, u) in zip(today, decoded):
+    for (a, t, _), (b, u, _) in zip(today, decoded):
         assert a.shape == b.shape == (7, 3, 32, 32) and torch.equal(a, b)
         assert torch.equal(t, u)
 

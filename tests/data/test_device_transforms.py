@@ -9,7 +9,7 @@ import torch
 
 from src.data import DataConfig, set_loader_epoch
 from tests.support.task_data import build_datasets, build_train_loader
-from src.data.device_transforms import device_transforms_enabled, move_batch, prefetch
+from src.data.device_transforms import device_transforms_enabled, prefetch
 
 CPU = torch.device("cpu")
 
@@ -22,15 +22,14 @@ def _batches(cfg: DataConfig, on_device: bool, seed: int = 3) -> list[tuple[torc
     set_loader_epoch(loader, 1)
     raw = list(loader)
     if on_device:
-        assert all(images.dtype == torch.uint8 for images, _ in raw), "the workers must stop before normalisation"
-    return list(prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
-                                                      transform=bundle.device_transform), CPU))
+        assert all(images.dtype == torch.uint8 for images, _, _ in raw), "the workers must stop before normalisation"
+    return list(prefetch(raw, lambda batch: batch.to(CPU, torch.float32, transform=bundle.device_transform), CPU))
 
 
 def _assert_same(cfg: DataConfig) -> list[tuple[torch.Tensor, Any]]:
     today, device = _batches(cfg, on_device=False), _batches(cfg, on_device=True)
     assert len(today) == len(device) > 0
-    for (a, t), (b, u) in zip(today, device):
+    for (a, t, _), (b, u, _) in zip(today, device):
         assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
         assert t.dtype == u.dtype and torch.equal(t, u)
     return today
@@ -42,7 +41,7 @@ def test_classification_with_augmentation_and_random_erasing_is_bitwise_the_same
                      auto_augment="trivialaugment", random_erase=0.7)
     batches = _assert_same(cfg)
     # Erased rectangles are exactly 0 on all 3 channels (the shapes images' noise makes that otherwise unlikely).
-    erased = sum(bool(((img == 0).all(0)).sum() >= 4) for images, _ in batches for img in images)
+    erased = sum(bool(((img == 0).all(0)).sum() >= 4) for images, _, _ in batches for img in images)
     assert erased >= 4, f"only {erased} of 16 images erased: the comparison would not cover random erasing"
 
 

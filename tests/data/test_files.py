@@ -26,7 +26,7 @@ def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.Mo
     assert bundle.num_classes == 10 and bundle.task == "classification"
     assert bundle.class_names == [f"c{i}" for i in range(10)]
     assert len(bundle.train) == 20 and len(bundle.val) == 4
-    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, y, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64
     batches = list(build_eval_loader(bundle.val, cfg, 0, 1))
     assert [b[2].tolist() for b in batches] == [[0, 1, 2], [3]]
@@ -65,7 +65,7 @@ def test_imagefolder(tmp_path: Path) -> None:
                      eval_batch_size=4)
     bundle = build_datasets(cfg, seed=0)
     assert bundle.class_names == ["ant", "bee", "cat"] and bundle.num_classes == 3
-    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, y, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (3, 3, 24, 24)
     xs, ys, idx = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
     assert xs.shape == (4, 3, 24, 24) and ys.tolist() == [0, 0, 0, 1] and idx.tolist() == [0, 1, 2, 3]

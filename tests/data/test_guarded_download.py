@@ -27,7 +27,7 @@ def _build_both(rank: int, world: int, absent: str, present: str,
             setattr(datasets.CIFAR10, attr, value)
         cfg = DataConfig(name="cifar10", root=present, batch_size=2)
         bundle = build_datasets(cfg, seed=0)
-        _, labels = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
+        _, labels, _ = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
     finally:  # the worker runs later tests' tasks too
         for attr, value in saved.items():
             setattr(datasets.CIFAR10, attr, value)

@@ -44,7 +44,7 @@ def test_real_tree_labels_and_crops(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert bundle.class_names == ["ant", "bee", "cat"] and bundle.num_classes == 3
     assert len(bundle.train) == 5 and len(bundle.val) == 2
     assert "no validation images: ['bee']" in caplog.text
-    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, y, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (5, 3, 24, 24) and sorted(y.tolist()) == [0, 0, 1, 1, 2]
     xs, ys, _ = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
     # val has no "bee" folder: "cat" must keep the training index 2 (torchvision alone would make it 1).

@@ -15,7 +15,7 @@ def _cfg(**kw: object) -> DataConfig:
 
 def _epoch_batches(loader: torch.utils.data.DataLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     set_loader_epoch(loader, epoch)
-    return [(x.clone(), y.clone()) for x, y in loader]
+    return [(x.clone(), y.clone()) for x, y, _ in loader]
 
 
 def test_world_size_does_not_change_the_global_batches() -> None:

@@ -81,7 +81,7 @@ def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None
     bundle = build_datasets(cfg, seed=0)
     assert bundle.task == "segmentation" and bundle.class_names == ["background", "cat", "dog"]
     assert (len(bundle.train), len(bundle.val)) == (3, 2)
-    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, m, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (3, 3, 16, 16) and m.shape == (3, 16, 16) and m.dtype == torch.int64
     assert set(m.unique().tolist()) <= {0, 1, 2, 255}
     # Evaluation: one image per batch (two sizes), each at its own size, masks and pixels as stored.

@@ -8,7 +8,7 @@ from torchvision import tv_tensors
 
 from src.data import shapes
 from src.data.config import DataConfig
-from src.data.det_collate import detection_collate, detection_collate_indexed
+from src.data.batch import collate_lists
 from src.tasks.detection.transforms import detection_eval_transform, detection_train_transform
 from src.data.registry import dataset_entry
 from src.data.seeded import IndexedDataset, SeededTransformDataset
@@ -101,8 +101,8 @@ def test_flip_moves_the_boxes_and_batches_are_lists() -> None:
               "labels": torch.zeros(0, dtype=torch.int64)})
     image, target = detection_eval_transform(DataConfig())(*empty)
     assert tuple(target["boxes"].shape) == (0, 4) and image.dtype == torch.float32
-    images, targets, indices = detection_collate_indexed([val[3], val[5]])
+    images, targets, indices = collate_lists([val[3], val[5]])
     assert [tuple(x.shape) for x in images] == [(3, 64, 64)] * 2 and indices.tolist() == [3, 5]
     assert indices.dtype == torch.int64 and torch.equal(targets[1]["labels"], base[5][1]["labels"])
-    images, targets = detection_collate([train[0], (image, target)])
-    assert len(images) == len(targets) == 2 and targets[1]["labels"].numel() == 0
+    batch = collate_lists([(*train[0], 0), (image, target, 1)])
+    assert len(batch.images) == len(batch.targets) == batch.size == 2 and batch.targets[1]["labels"].numel() == 0

@@ -30,4 +30,4 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
 
 def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:
     """src.data.build_eval_loader with the dataset's task's collation."""
-    return data.build_eval_loader(dataset, data_cfg, rank, world_size, collate=handling(data_cfg).eval_collate)
+    return data.build_eval_loader(dataset, data_cfg, rank, world_size, collate=handling(data_cfg).collate)

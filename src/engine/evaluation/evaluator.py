@@ -1,7 +1,7 @@
 """Exact distributed evaluation: every validation sample counted once, the same metrics for any world size.
 
 The loader comes from src.data.build_eval_loader (ExactEvalSampler: contiguous uneven shards, no padding)
-and yields (images, targets, indices). Ranks may therefore run different numbers of batches, so the
+and yields Batches of (images, targets, indices) (src/data/batch.py). Ranks may therefore run different numbers of batches, so the
 per-batch loop never communicates: the task's evaluator (src/tasks/) accumulates each batch, and all
 collectives happen once, in its compute(), in the same order on every rank. How each task keeps its results
 exact is in its module (src/tasks/classification.py, segmentation.py, ...).
@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from src.data.batch import as_batch
 from src.precision import autocast, model_dtype
 from src.tasks import EvalContext, Task, get_task
 from src.unwrap import eval_mode, without_ddp
@@ -52,10 +53,10 @@ def evaluate(
     dtype = model_dtype(net)
     with eval_mode(net), torch.inference_mode():
         for batch in loader:
-            images, targets, indices = task.eval_batch(batch, device, dtype)
+            batch = as_batch(batch).to(device, dtype)
             with autocast(amp, device):
-                outputs = task.eval_forward(net, images)
-            evaluator.process(outputs, targets, indices)
+                outputs = net(batch.images)
+            evaluator.process(outputs, batch.targets, batch.indices)
         return evaluator.compute()
 
 

@@ -143,10 +143,11 @@ class Classification(Task):
         """out/predictions.csv: per input, the top-k classes and their softmax probabilities."""
         k = min(topk, len(class_names))
         rows: list[tuple[int, list[int], list[float]]] = []
-        for images, indices in batches:
-            probs = upcast(forward(images)).softmax(dim=1)
+        for batch in batches:
+            probs = upcast(forward(batch)).softmax(dim=1)
             top = probs.topk(k, dim=1)
-            rows += [(int(i), c.tolist(), p.tolist()) for i, c, p in zip(indices, top.indices.cpu(), top.values.cpu())]
+            rows += [(int(i), c.tolist(), p.tolist())
+                     for i, c, p in zip(batch.indices, top.indices.cpu(), top.values.cpu())]
         gathered = sorted(r for part in comm.all_gather_object(rows) for r in part)
         check_each_index_once([r[0] for r in gathered], len(files), "inputs", EACH_ONCE_HINT)
         path = out_dir / PREDICTIONS_CSV

@@ -25,7 +25,7 @@ from torchvision.utils import draw_bounding_boxes, make_grid
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import MAX, EvalContext, Loss, Task, unpack_eval_batch
+from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.detection.transforms import DETECTION_DATA
 from src.tasks.registry import register_task
@@ -168,23 +168,9 @@ class Detection(Task):
             if on:
                 raise ValueError(f"{key} does not apply to detection: {why}; remove it")
 
-    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
-        """A list of images, each on the device in the model's dtype."""
-        return [image.to(device, dtype, non_blocking=True) for image in images]
-
-    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
-                  transform: Any = None) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-        """Lists of images (model dtype) and target dicts on the device."""
-        return (self.move_images(images, device, dtype),
-                [{k: v.to(device, non_blocking=True) for k, v in target.items()} for target in targets])
-
-    def batch_size(self, images: Any) -> int:
-        """Images in the list."""
-        return len(images)
-
     def forward(self, module: torch.nn.Module, images: Any, targets: Any) -> dict[str, torch.Tensor]:
-        """torchvision's training protocol: the model's losses for these images and boxes."""
-        return module(list(images), list(targets))
+        """torchvision's training protocol: the model's losses for these images and boxes (lists)."""
+        return module(images, targets)
 
     def loss(self, options: Any) -> Loss:
         """The sum of the model's losses."""
@@ -195,15 +181,6 @@ class Detection(Task):
         if isinstance(outputs, dict):
             return "losses " + ", ".join(f"{k}={float(v):.4f}" for k, v in outputs.items())
         return f"{[len(o['boxes']) for o in outputs]} boxes per image"
-
-    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
-        """Images on the device; the ground truth stays on the CPU, where mAP is computed."""
-        images, targets, indices = unpack_eval_batch(batch)
-        return self.move_images(images, device, dtype), list(targets), indices
-
-    def eval_forward(self, net: torch.nn.Module, images: Any) -> Any:
-        """Per image {"boxes", "scores", "labels"}."""
-        return net(list(images))
 
     def evaluator(self, context: EvalContext) -> DetectionEvaluator:
         """map, map50, map75 (COCO, torchmetrics)."""
@@ -242,10 +219,10 @@ class Detection(Task):
         """out/predictions.json: one row per box scoring at least `score_threshold`; with draw=true also
         out/boxes/<input path>.png, each input with its boxes."""
         rows: list[tuple[int, dict[str, torch.Tensor]]] = []
-        for images, indices in batches:
-            rows += [(int(i), _cpu_prediction(p)) for i, p in zip(indices, forward(images))]
+        for batch in batches:
+            rows += [(int(i), _cpu_prediction(p)) for i, p in zip(batch.indices, forward(batch))]
             if draw:
-                for image, i, (_, p) in zip(images, indices, rows[-len(images):]):
+                for image, i, (_, p) in zip(batch.images, batch.indices, rows[-batch.size:]):
                     keep = p["scores"] >= score_threshold
                     picture = draw_boxes(image, p["boxes"][keep], [f"{class_names[c]} {s:.2f}" for c, s in
                                                                    zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())])

@@ -13,7 +13,7 @@ import torch
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
-from src.data.det_collate import detection_collate, detection_collate_indexed
+from src.data.batch import collate_lists
 from src.data.task_data import TaskData
 
 
@@ -72,5 +72,4 @@ def detection_predict_transform(cfg: DataConfig) -> v2.Compose:
 
 
 DETECTION_DATA = TaskData("detection", train=detection_train_transform, eval=detection_eval_transform,
-                          predict=detection_predict_transform, device_transforms=False,
-                          collate=detection_collate, eval_collate=detection_collate_indexed)
+                          predict=detection_predict_transform, device_transforms=False, collate=collate_lists)

@@ -151,9 +151,9 @@ class Segmentation(Task):
         targets = mask_names(files)
 
         def masks() -> Iterator[tuple[int, np.ndarray]]:
-            for images, indices in batches:
-                pred = upcast(segmentation_logits(forward(images))).argmax(dim=1).to(torch.uint8).cpu()
-                yield from ((int(i), m.numpy()) for i, m in zip(indices, pred))
+            for batch in batches:
+                pred = upcast(segmentation_logits(forward(batch))).argmax(dim=1).to(torch.uint8).cpu()
+                yield from ((int(i), m.numpy()) for i, m in zip(batch.indices, pred))
 
         def write(index: int, mask: np.ndarray) -> None:
             path = out_dir / targets[index]
@@ -167,6 +167,10 @@ class Segmentation(Task):
             print(f"predicted {len(seen)} mask(s) on {comm.get_world_size()} process(es) under {out_dir} "
                   f"(palette PNGs, pixel value = class: {legend})", flush=True)
         return out_dir
+
+    def export_output(self, outputs: Any) -> torch.Tensor:
+        """The main head's logits (the auxiliary head is a training device)."""
+        return segmentation_logits(outputs)
 
     def export_size(self, train_data: Any) -> int:
         """The training crop."""

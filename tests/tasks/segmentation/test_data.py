@@ -33,7 +33,7 @@ def test_segmentation_samples_and_variable_size_eval() -> None:
     bundle = build_datasets(cfg, seed=0)
     assert bundle.task == "segmentation" and bundle.num_classes == 4
     assert bundle.class_names[0] == "background"
-    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, m, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
     assert m.shape == (4, 32, 32) and m.dtype == torch.int64
     assert set(m.unique().tolist()) <= {0, 1, 2, 3, 255}
@@ -116,7 +116,7 @@ def test_voc(tmp_path: Path) -> None:
                      mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     bundle = build_datasets(cfg, seed=0)
     assert bundle.num_classes == 21 and bundle.class_names[15] == "person" and bundle.task == "segmentation"
-    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, m, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (2, 3, 16, 16) and m.shape == (2, 16, 16) and m.dtype == torch.int64
     assert set(m.unique().tolist()) <= {0, 15, 255}
     shapes = []
