@@ -251,10 +251,8 @@ else
   #    cannot stop collection), pytest.ini's addopts dropped, a per-test timeout.
   kernel_tests=(tests/syncbn/test_cuda_kernels.py tests/syncbn/test_cuda_large_index.py
     tests/syncbn/test_cuda_kernel_fixes.py tests/syncbn/test_kernel_errors.py tests/syncbn/test_selfcheck.py
-    tests/syncbn/test_module_single.py tests/syncbn/test_gradcheck.py tests/syncbn/test_errors.py)
-  # part: segmentation
-  kernel_tests+=(tests/models/test_cuda.py)
-  # /part
+    tests/syncbn/test_module_single.py tests/syncbn/test_gradcheck.py tests/syncbn/test_errors.py
+    tests/models/test_cuda.py)
   pytest_step kernel_tests 60 "${kernel_tests[@]}"
   # 6. compute-sanitizer on our kernels only (kernel names contain "syncbn"), one pass over every self-check
   #    case; the caching allocator off, so out-of-bounds accesses inside pooled segments and reads of

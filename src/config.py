@@ -1,9 +1,10 @@
 """Top-level structured config: the schema conf/train.yaml is checked against, and validate_config().
 
 The data, model and norm groups own their dataclasses (src/data/config.py, src/models/config.py);
-this module owns optim/sched/trainer and the top level, registers everything in Hydra's ConfigStore
-as `train_schema`, and runs every check before any process group starts, so a typo fails fast on
-every rank with a message that names the key instead of hanging a job.
+this module owns optim/sched/trainer and the top level, adds the tasks' own keys to the groups they extend
+(Task.config_options), registers everything in Hydra's ConfigStore as `train_schema`, and runs every check
+before any process group starts, so a typo fails fast on every rank with a message that names the key
+instead of hanging a job.
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from src.data import DATASETS, dataset_task
-from src.data.config import DataConfig
+from src.data.config import DataConfig, data_schema
+from src.dataclass_config import Owned, extend, foreign_settings
 from src.local_gpus import check_processes_fit_gpus
-from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.models.config import NormConfig, check_model_norm, model_schema
 from src.models.registry import MODELS
-from src.tasks import Task, get_task
+from src.tasks import Task, all_tasks, get_task
 from src.tracker_config import TrackerConfig
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -155,9 +157,6 @@ class TrainerConfig:
     amp: str = "none"
     channels_last: bool = False
     grad_clip_norm: Optional[float] = None
-    label_smoothing: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
     ema: bool = False
     ema_decay: float = 0.999
     eval_every: int = 1
@@ -211,10 +210,6 @@ class TrainerConfig:
                              f"{self.amp}, not float64; set trainer.amp=none (or trainer.dtype=float32)")
         if self.grad_clip_norm is not None:
             _positive("trainer.grad_clip_norm", self.grad_clip_norm)
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        _non_negative("trainer.mixup_alpha", self.mixup_alpha)
-        _non_negative("trainer.cutmix_alpha", self.cutmix_alpha)
         if not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}")
         _positive("trainer.eval_every", self.eval_every)
@@ -237,18 +232,35 @@ class TrainerConfig:
                              "(the number of training batches per process to recompute BatchNorm statistics on)")
 
 
+def task_options(group: str) -> list[Owned]:
+    """(task name, its option dataclass) of every registered task that adds keys to config group `group`."""
+    return [(task.name, task.config_options[group]) for task in all_tasks() if group in task.config_options]
+
+
+# The groups' schemas: each core dataclass with the options its owners declare in their own files (the tasks'
+# src/tasks/<task>/options.py, the datasets' and model families' registrations): src/dataclass_config.py.
+DataSchema = extend(data_schema(), task_options("data"))
+ModelSchema = model_schema()
+TrainerSchema = extend(TrainerConfig, task_options("trainer"))
+
+
+def data_config(**values: Any) -> DataConfig:
+    """A `data` group config with every dataset's and task's options (for code and tests that build one)."""
+    return DataSchema(**values)
+
+
 @dataclass
 class TrainConfig:
     """Everything `train.py` reads; `hydra` is Hydra's own node and is not part of this schema."""
 
     seed: int = 0
     device: str = "auto"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSchema = field(default_factory=ModelSchema)
     norm: NormConfig = field(default_factory=NormConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSchema = field(default_factory=DataSchema)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
     # Experiment trackers (conf/tracker/); conf/train.yaml selects tracker=tensorboard by default.
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
@@ -329,6 +341,8 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
             check_processes_fit_gpus(typed.device)
         except RuntimeError as err:
             raise ValueError(str(err)) from None
+    if typed.model.name in MODELS and typed.data.name in DATASETS:
+        _resolve_task(typed)  # a model and a dataset of two tasks: said first, before either's options
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.tracker):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
@@ -365,8 +379,18 @@ def _resolve_task(cfg: TrainConfig) -> Task:
     return get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
 
 
+def _check_task_options(cfg: TrainConfig) -> None:
+    """Another task's option set away from its default is refused: nothing in this run would read it."""
+    task = cfg.task
+    for group in ("data", "trainer"):
+        for key, value, owners in foreign_settings(getattr(cfg, group), task_options(group), {task.name}):
+            raise ValueError(f"{group}.{key} applies to {' and '.join(owners)} only; this run is {task.name} "
+                             f"(model={cfg.model.name}, data={cfg.data.name}): remove {group}.{key}={value!r}")
+
+
 def _check_across_groups(cfg: TrainConfig) -> None:
     task, name = cfg.task, cfg.task.name
+    _check_task_options(cfg)
     metric = best_metric_of(cfg)
     if metric not in task.metrics:
         raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {tuple(task.metrics)} "

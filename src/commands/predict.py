@@ -12,12 +12,14 @@ the task decides what is written (Task.predict in src/tasks/):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
 import torch
-from omegaconf import DictConfig
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from src import comm, process_group
@@ -27,19 +29,43 @@ from src.data import Batch, ExactEvalSampler, collate_stacked
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.precision import autocast, model_dtype
-from src.tasks import Task
+from src.dataclass_config import extend, foreign_settings
+from src.tasks import Task, all_tasks
 from src.tasks.predict_io import ImageFiles, list_inputs
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
 
 
+@dataclass
+class PredictConfig:
+    """predict.py's keys (conf/predict.yaml); each task adds its own (Task.predict_options: topk, draw, ...)."""
+
+    ckpt: Optional[str] = None
+    input: Optional[str] = None
+    out: Optional[str] = None
+    batch_size: int = 32
+    num_workers: int = 2
+    ema: bool = False
+    # Overrides of the stored training config (trained_run.overrides_of): non-null keys replace the checkpoint's.
+    device: Optional[str] = None
+    data: Dict[str, Any] = field(default_factory=dict)
+    model: Dict[str, Any] = field(default_factory=dict)
+    norm: Dict[str, Any] = field(default_factory=dict)
+    trainer: Dict[str, Any] = field(default_factory=dict)
+
+
+PredictSchema = extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
+ConfigStore.instance().store(name="predict_schema", node=PredictSchema)
+
+
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
     source, out_dir = _paths(cfg)
-    if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
-        raise ValueError(f"topk and batch_size must be >= 1, got topk={cfg.topk}, batch_size={cfg.batch_size}")
+    if int(cfg.batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got batch_size={cfg.batch_size}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
+    options = _task_options(cfg, trained.task)
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     owns_group = not comm.is_initialized()
@@ -54,13 +80,23 @@ def run(cfg: DictConfig) -> Path:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
         written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
-                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
-                               draw=bool(cfg.get("draw", False)), score_threshold=float(cfg.get("score_threshold", 0.0)))
+                               class_names=list(trained.class_names), batch_count=len(loader), options=options)
         comm.barrier()
         return written
     finally:
         if owns_group:
             process_group.destroy()
+
+
+def _task_options(cfg: DictConfig, task: Task) -> Any:
+    """The checkpoint's task's predict.py options (validated); another task's set away from its default is
+    refused: nothing would read it."""
+    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
+    parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
+    for key, value, owners in foreign_settings(values, parts, {task.name}):
+        raise ValueError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
+                         f"{task.name}: remove {key}={value!r}")
+    return task.predict_settings(values)
 
 
 def _paths(cfg: DictConfig) -> tuple[Path, Path]:

@@ -8,7 +8,7 @@ from typing import Any, Mapping, TypeVar, Union
 from torch import nn
 
 from src.dataclass_config import to_dataclass
-from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.models.config import ModelConfig, NormConfig, check_model_norm, model_schema
 from src.models.norms import finalize_norms
 from src.models.param_groups import head_module_names
 from src.models.pretrained import (is_weights_name, torchvision_state_dict, torchvision_weights,
@@ -21,8 +21,14 @@ ConfigLike = Union[ModelConfig, NormConfig, Mapping[str, Any], Any]  # dataclass
 
 
 def as_config(cfg: ConfigLike, schema: type[T]) -> T:
-    """The dataclass instance for a dataclass, a dict or a (structured or plain) OmegaConf DictConfig."""
-    return to_dataclass(cfg, schema, "model" if schema is ModelConfig else "norm")
+    """The dataclass instance for a dataclass, a dict or a (structured or plain) OmegaConf DictConfig; a model
+    config as model_schema()'s, with its families' options (at their defaults when `cfg` has none)."""
+    if schema is not ModelConfig:
+        return to_dataclass(cfg, schema, "norm")
+    full = model_schema()
+    if isinstance(cfg, ModelConfig) and not isinstance(cfg, full):  # the core keys alone: the options' defaults
+        return full(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
+    return to_dataclass(cfg, full, "model")
 
 
 def model_task(model_cfg: ConfigLike) -> str:

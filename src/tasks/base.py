@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from src.data.task_data import TaskData
+from src.dataclass_config import section
 
 MAX, MIN = "max", "min"  # which way a metric improves
 Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
@@ -63,10 +64,12 @@ class Task:
     # Per-class metrics named <prefix><class> also exist (e.g. "iou_"), improving this way.
     per_class_prefix: Optional[str] = None
     per_class_direction: str = MAX
-    mixing: bool = False  # trainer.mixup_alpha / cutmix_alpha (MixUp / CutMix of batch and labels) apply
-    # data.auto_augment and data.random_erase apply (image-only augmentations that leave the target as it is).
-    image_only_augmentations: bool = False
     data: TaskData  # the data layer's part of the task: transforms and collation (src/data/task_data.py)
+    # The keys this task adds to config groups, by group ("data", "trainer"): a dataclass each, in the task's
+    # options.py, which src/config.py adds to the group's schema (the keys stay data.crop_size, ...). Each
+    # dataclass's validate() checks them; a run of another task refuses them when set.
+    config_options: Mapping[str, type] = {}
+    predict_options: Optional[type] = None  # predict.py's keys this task reads (e.g. topk), a dataclass
 
     # --- config --------------------------------------------------------------------------------------------
     @property
@@ -90,19 +93,21 @@ class Task:
                          + (f", {self.per_class_prefix}<class name>" if self.per_class_prefix else ""))
 
     def validate(self, config: Any) -> None:
-        """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig)."""
-        trainer = config.trainer
-        if not self.mixing and (trainer.mixup_alpha > 0 or trainer.cutmix_alpha > 0):
-            raise ValueError(f"trainer.mixup_alpha / trainer.cutmix_alpha mix images and their labels, which "
-                             f"{self.name} does not support; set them to 0")
-        data = config.data
-        used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
-                if on]
-        if used and not self.image_only_augmentations:
-            # The policies' geometric operations (shear, rotate, translate) would have to move masks and boxes with
-            # the image, and erasing would have to mark what it hides as ignored: not implemented, so refused.
-            raise ValueError(f"data.{used[0]} applies to classification only; data.name={data.name} is {self.name}: "
-                             f"remove it ({self.name} trains with its own augmentation)")
+        """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig): its own
+        options' values (each config_options dataclass's validate()), and what a subclass adds."""
+        for group, schema in self.config_options.items():
+            options = section(getattr(config, group), schema)
+            if hasattr(options, "validate"):
+                options.validate()
+
+    def predict_settings(self, cfg: Any) -> Any:
+        """predict.py's options of this task from its config `cfg` (predict_options, validated), or None."""
+        if self.predict_options is None:
+            return None
+        options = section(cfg, self.predict_options)
+        if hasattr(options, "validate"):
+            options.validate()
+        return options
 
     # --- training ------------------------------------------------------------------------------------------
     def forward(self, module: nn.Module, images: Any, targets: Any) -> Any:
@@ -147,12 +152,11 @@ class Task:
         return requested
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
+                class_names: list[str], batch_count: int, options: Any) -> Path:
         """Write predict.py's output for this rank's `batches` (Batches of images and indices, no targets) and
         return what was written (every rank calls it; rank 0 writes). `forward(batch)` runs the model in eval mode
-        under the run's autocast; `files` are the inputs' relative paths, by index; `draw` and `score_threshold`
-        are predict.py's options for tasks that draw their predictions and score them (detection)."""
+        under the run's autocast; `files` are the inputs' relative paths, by index; `batch_count` this rank's
+        number of batches; `options` this task's predict_settings (e.g. topk)."""
         raise NotImplementedError(f"predict.py does not support task {self.name!r}")
 
     def export_output(self, outputs: Any) -> torch.Tensor:

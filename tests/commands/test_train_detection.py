@@ -60,7 +60,8 @@ def test_syncbn_detector_trains_evaluates_and_predicts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.mixup_alpha=0.2", "mixup_alpha / trainer.cutmix_alpha mix images and their labels"),
+    ("trainer.mixup_alpha=0.2", "trainer.mixup_alpha applies to classification only; this run is detection"),
+    ("trainer.label_smoothing=0.1", "trainer.label_smoothing applies to classification only"),
     ("trainer.channels_last=true", "trainer.channels_last=true does not apply to detection"),
     ("data.device_transforms=true", "data.device_transforms=true does not apply to detection"),
     ("trainer.precise_bn_batches=2", "trainer.precise_bn_batches=2 does not apply to detection"),

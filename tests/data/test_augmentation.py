@@ -2,6 +2,8 @@
 evaluation untouched, bad values refused before anything is built."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,7 +11,8 @@ from src.data import DATASETS, DataConfig, set_loader_epoch
 from src.models import MODELS
 from src.tasks import task_names
 from tests.support.task_data import build_datasets, build_train_loader
-from src.data.config import AUTO_AUGMENT_POLICIES
+from src.config import data_config
+from src.tasks.classification.options import AUTO_AUGMENT_POLICIES
 
 POLICIES = [p for p in AUTO_AUGMENT_POLICIES if p != "none"]
 
@@ -17,7 +20,7 @@ POLICIES = [p for p in AUTO_AUGMENT_POLICIES if p != "none"]
 def _cfg(**kw: object) -> DataConfig:
     base = dict(name="shapes", train_size=24, val_size=8, num_classes=4, batch_size=4, eval_batch_size=4)
     base.update(kw)
-    return DataConfig(**base)  # type: ignore[arg-type]
+    return data_config(**base)  # type: ignore[arg-type]
 
 
 def _train_images(cfg: DataConfig, seed: int = 5, epoch: int = 1) -> torch.Tensor:
@@ -83,8 +86,10 @@ def test_evaluation_is_untouched() -> None:
     (dict(auto_augment="autoaugment", augment=False), "data.augment=false"),
 ])
 def test_bad_values_are_refused(kw: dict, match: str) -> None:
+    from src.config import validate_config
+
     with pytest.raises(ValueError, match=match):
-        _cfg(**kw).validate()
+        validate_config({"data": dataclasses.asdict(_cfg(**kw))})
 
 
 # A model and a dataset of each other task this project has (every task's first registered ones).

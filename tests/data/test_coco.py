@@ -15,11 +15,12 @@ from torchvision import tv_tensors
 
 from src.data.config import DataConfig
 from src.data.registry import Splits, dataset_entry
+from src.config import data_config
 from tests.support.coco_files import CLASS_NAMES, write_coco_folder
 
 
 def _build(root: Path) -> Splits:
-    cfg = DataConfig(name="coco", root=str(root), train_split="train", val_split="val")
+    cfg = data_config(name="coco", root=str(root), train_split="train", val_split="val")
     cfg.validate()
     return dataset_entry("coco").builder(cfg)
 

@@ -18,6 +18,7 @@ from tests.support.task_data import build_datasets, build_train_loader
 from src.data.datasets.imagefolder import write_classify
 from src.data.device_decode import EncodedImages, decode_batch
 from src.data.device_transforms import prefetch
+from src.config import data_config
 
 CPU = torch.device("cpu")
 
@@ -33,7 +34,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(root: Path, decode: bool, workers: int = 0) -> DataConfig:
-    return DataConfig(name="imagefolder", root=str(root), image_size=32, resize_size=40, batch_size=7,
+    return data_config(name="imagefolder", root=str(root), image_size=32, resize_size=40, batch_size=7,
                       num_workers=workers, auto_augment="trivialaugment", random_erase=0.5, color_jitter=0.2,
                       device_transforms=True, decode_on_device=decode)
 
@@ -82,11 +83,11 @@ def test_unreadable_jpeg_names_its_file() -> None:
 
 def test_bad_settings_are_refused(folder: Path) -> None:
     with pytest.raises(ValueError, match="data.decode_on_device must be true or false"):
-        DataConfig(decode_on_device="yes").validate()
+        data_config(decode_on_device="yes").validate()
     with pytest.raises(ValueError, match="decode_on_device=true needs data.device_transforms=true"):
-        DataConfig(name="imagefolder", decode_on_device=True, device_transforms=False).validate()
+        data_config(name="imagefolder", decode_on_device=True, device_transforms=False).validate()
     with pytest.raises(ValueError, match="folders of JPEG files \\(imagefolder\\), not to data.name=shapes"):
-        DataConfig(name="shapes", decode_on_device=True, device_transforms=True).validate()
-    cfg = DataConfig(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
+        data_config(name="shapes", decode_on_device=True, device_transforms=True).validate()
+    cfg = data_config(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
     with pytest.raises(ValueError, match="data.device_transforms=auto is on only when training on CUDA"):
         build_datasets(cfg, seed=0, device_transforms=False)

@@ -10,6 +10,7 @@ import torch
 from src.data import DataConfig, set_loader_epoch
 from tests.support.task_data import build_datasets, build_train_loader
 from src.data.device_transforms import device_transforms_enabled, prefetch
+from src.config import data_config
 
 CPU = torch.device("cpu")
 
@@ -37,7 +38,7 @@ def _assert_same(cfg: DataConfig) -> list[tuple[torch.Tensor, Any]]:
 
 def test_classification_with_augmentation_and_random_erasing_is_bitwise_the_same() -> None:
     # The ImageNet v2 recipe's trivialaugment + random erasing, with p raised so that most images are erased.
-    cfg = DataConfig(name="shapes", train_size=16, val_size=4, num_classes=4, batch_size=8,
+    cfg = data_config(name="shapes", train_size=16, val_size=4, num_classes=4, batch_size=8,
                      auto_augment="trivialaugment", random_erase=0.7)
     batches = _assert_same(cfg)
     # Erased rectangles are exactly 0 on all 3 channels (the shapes images' noise makes that otherwise unlikely).
@@ -50,4 +51,4 @@ def test_setting_resolves_per_device_and_bad_values_are_refused() -> None:
     assert device_transforms_enabled(True, "cpu") and not device_transforms_enabled(False, "cuda")
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match="data.device_transforms must be true, false or auto"):
-            DataConfig(device_transforms=bad).validate()
+            data_config(device_transforms=bad).validate()

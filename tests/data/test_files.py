@@ -11,6 +11,7 @@ from PIL import Image
 from torchvision import datasets
 
 from src.data import DataConfig
+from src.config import data_config
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from tests.data.fake_cifar10 import write_fake_cifar10
 
@@ -20,7 +21,7 @@ def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.Mo
     # The real files' checksums are torchvision constants; point them at our tiny files instead.
     for attr, value in lists.items():
         monkeypatch.setattr(datasets.CIFAR10, attr, value)
-    cfg = DataConfig(name="cifar10", root=str(tmp_path), batch_size=4, eval_batch_size=3,
+    cfg = data_config(name="cifar10", root=str(tmp_path), batch_size=4, eval_batch_size=3,
                      mean=[0.49, 0.48, 0.45], std=[0.25, 0.24, 0.26])
     bundle = build_datasets(cfg, seed=0)
     assert bundle.num_classes == 10 and bundle.task == "classification"
@@ -40,7 +41,7 @@ def test_cifar10_loads_torchvision_layout(tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize("name,folder", [("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python")])
 def test_cifar_missing_offline_says_where(tmp_path: Path, name: str, folder: str) -> None:
     with pytest.raises(FileNotFoundError) as info:
-        build_datasets(DataConfig(name=name, root=str(tmp_path / "nowhere")), seed=0)
+        build_datasets(data_config(name=name, root=str(tmp_path / "nowhere")), seed=0)
     msg = str(info.value)
     assert str((tmp_path / "nowhere" / folder).resolve()) in msg and "data.download=true" in msg
 
@@ -48,7 +49,7 @@ def test_cifar_missing_offline_says_where(tmp_path: Path, name: str, folder: str
 def test_cifar_corrupt_files_say_what_to_do(tmp_path: Path) -> None:
     write_fake_cifar10(tmp_path)  # real torchvision checksums: these files do not match them
     with pytest.raises(RuntimeError, match="checksum"):
-        build_datasets(DataConfig(name="cifar10", root=str(tmp_path)), seed=0)
+        build_datasets(data_config(name="cifar10", root=str(tmp_path)), seed=0)
 
 
 def _png(path: Path, size: tuple[int, int], colour: int) -> None:
@@ -61,7 +62,7 @@ def test_imagefolder(tmp_path: Path) -> None:
         for c, cls in enumerate(("ant", "bee", "cat")):
             for i in range(3):
                 _png(tmp_path / split / cls / f"{i}.png", (50 + 10 * i, 40), 80 * c)
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=3,
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=3,
                      eval_batch_size=4)
     bundle = build_datasets(cfg, seed=0)
     assert bundle.class_names == ["ant", "bee", "cat"] and bundle.num_classes == 3
@@ -73,10 +74,10 @@ def test_imagefolder(tmp_path: Path) -> None:
 
 def test_imagefolder_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str((tmp_path / "train").resolve())):
-        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)), seed=0)
+        build_datasets(data_config(name="imagefolder", root=str(tmp_path)), seed=0)
     _png(tmp_path / "train" / "a" / "0.png", (8, 8), 0)
     _png(tmp_path / "val" / "b" / "0.png", (8, 8), 0)
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8)
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8)
     with pytest.raises(ValueError, match="at least two"):
         build_datasets(cfg, seed=0)
     _png(tmp_path / "train" / "c" / "0.png", (8, 8), 0)

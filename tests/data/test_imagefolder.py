@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from src.data import DataConfig
+from src.config import data_config
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 
 
@@ -37,7 +38,7 @@ def write_tree(root: Path) -> None:
 
 def test_real_tree_labels_and_crops(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_tree(tmp_path)
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
                      eval_batch_size=8, mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0])
     with caplog.at_level("WARNING"):
         bundle = build_datasets(cfg, seed=0)
@@ -57,7 +58,7 @@ def test_real_tree_labels_and_crops(tmp_path: Path, caplog: pytest.LogCaptureFix
 def test_unreadable_image_names_its_file(tmp_path: Path) -> None:
     write_tree(tmp_path)
     (tmp_path / "val" / "cat" / "v1.Jpg").write_bytes(b"\xff\xd8\xff truncated")
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28)
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28)
     bundle = build_datasets(cfg, seed=0)
     with pytest.raises(OSError, match=r"cannot read image .*val/cat/v1\.Jpg"):
         bundle.val[1]
@@ -67,4 +68,4 @@ def test_class_only_in_validation_is_an_error(tmp_path: Path) -> None:
     write_tree(tmp_path)
     _save(tmp_path / "val" / "dog" / "d.jpg", 8, 8)
     with pytest.raises(ValueError, match=r"class folders that .*train lacks: \['dog'\]"):
-        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)
+        build_datasets(data_config(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)

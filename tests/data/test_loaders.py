@@ -4,13 +4,14 @@ from __future__ import annotations
 import torch
 
 from src.data import DataConfig, set_loader_epoch
+from src.config import data_config
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 
 
 def _cfg(**kw: object) -> DataConfig:
     base = dict(name="shapes", train_size=48, val_size=23, num_classes=4, batch_size=4, eval_batch_size=5)
     base.update(kw)
-    return DataConfig(**base)  # type: ignore[arg-type]
+    return data_config(**base)  # type: ignore[arg-type]
 
 
 def _epoch_batches(loader: torch.utils.data.DataLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

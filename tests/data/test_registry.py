@@ -7,7 +7,7 @@ import pytest
 from torch.utils.data import TensorDataset
 
 import src.data.datasets
-from src.config import validate_config
+from src.config import data_config, validate_config
 from src.data import DATASETS, DataConfig, Splits, dataset_task
 from tests.support.task_data import build_datasets
 from src.data.registry import Registry
@@ -26,7 +26,7 @@ def test_unknown_name_lists_every_registered_dataset() -> None:
     with pytest.raises(ValueError, match=r"data\.name must be one of .*imagefolder.*; got 'mnist'.*conf/data/"):
         dataset_task("mnist")
     with pytest.raises(ValueError, match=r"data\.name must be one of"):
-        DataConfig(name="mnist").validate()
+        data_config(name="mnist").validate()
 
 
 @pytest.fixture
@@ -45,10 +45,10 @@ def test_one_decorated_builder_is_a_complete_dataset(scratch_registry: Registry)
         masks = torch.zeros(4, 8, 8, dtype=torch.uint8)
         return Splits(TensorDataset(images, masks), TensorDataset(images, masks), ["a", "b", "c"])
 
-    bundle = build_datasets(DataConfig(name="tiny_seg", crop_size=8, download=True), seed=0)
+    bundle = build_datasets(data_config(name="tiny_seg", crop_size=8, download=True), seed=0)
     assert (bundle.task, bundle.num_classes, len(bundle.train)) == ("segmentation", 3, 4)
     with pytest.raises(ValueError, match=r"data\.num_classes=4 does not match tiny_seg, which has 3"):
-        DataConfig(name="tiny_seg", num_classes=4).validate()
+        data_config(name="tiny_seg", num_classes=4).validate()
     # src/config.py's task check reads the same entry: a classification model on it is refused.
     with pytest.raises(ValueError, match="model.name=resnet20 is a classification model but data.name=tiny_seg"):
         validate_config({"data": {"name": "tiny_seg"}})

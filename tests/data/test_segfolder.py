@@ -13,6 +13,7 @@ from PIL import Image
 from src.data import DataConfig
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from src.data.segmentation.palette import save_mask_png
+from src.config import data_config
 from tests.support.gloo import run_on_ranks
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -72,7 +73,7 @@ def write_tree(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def _cfg(root: Path, **kw: object) -> DataConfig:
     base = dict(name="segfolder", root=str(root), crop_size=16, batch_size=3, eval_batch_size=4, mean=MEAN, std=STD)
     base.update(kw)
-    return DataConfig(**base)  # type: ignore[arg-type]
+    return data_config(**base)  # type: ignore[arg-type]
 
 
 def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None:
@@ -157,7 +158,7 @@ def test_each_mistake_is_an_error_naming_the_file(tmp_path: Path, mistake: str) 
 
 def test_too_many_classes_for_8_bit_masks_is_a_config_error() -> None:
     with pytest.raises(ValueError, match=r"data\.num_classes=300: segfolder masks are 8-bit"):
-        DataConfig(name="segfolder", num_classes=300).validate()
+        data_config(name="segfolder", num_classes=300).validate()
 
 
 def _build_on_ranks(rank: int, world: int, good: str, bad: str) -> tuple[list[str], int, str]:

@@ -88,11 +88,6 @@ def test_early_stop_is_off_by_default_and_accepts_the_names_of_metrics_jsonl() -
     for name in ("val/top1", "top5", "val/loss"):
         assert _validate(f"trainer.early_stop.metric={name}").trainer.early_stop.name == name.removeprefix("val/")
     assert _validate("trainer.ema=true", "trainer.early_stop.metric=ema_top1").trainer.early_stop.name == "ema_top1"
-    # part: segmentation
-    seg = ["model=deeplabv3_resnet18", "data=shapes_seg"]
-    assert _validate(*seg, "trainer.early_stop.metric=val/miou").trainer.early_stop.name == "miou"
-    assert _validate(*seg, "trainer.early_stop.metric=iou_circle").trainer.early_stop.name == "iou_circle"
-    # /part
 
 
 @pytest.mark.parametrize("overrides,message", [

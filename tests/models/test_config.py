@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torchvision.models import get_model_weights
 
 from src.data import DATASETS
-from src.models import MODELS, ModelConfig, NormConfig, build_model, model_task
+from src.models import MODELS, ModelConfig, NormConfig, build_model, model_config, model_schema, model_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
@@ -17,9 +17,6 @@ NORM_FILES = sorted((CONF / "norm").glob("*.yaml"))
 # Forward passes only for the small networks; the big ones are built on the meta device and their
 # parameter counts compared with torchvision's published numbers (exact integers).
 SMALL = {"resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet50", "timm", "torchvision"}
-# part: segmentation
-SMALL |= {"deeplabv3_resnet18", "deeplabv3plus_resnet18"}
-# /part
 # Architectures for the zoo names where a test builds them without a conf file.
 ZOO_ARCH = {"timm": "resnet18", "torchvision": "mobilenet_v3_small"}
 
@@ -32,48 +29,32 @@ def load(schema: type, path: Path) -> object:
 def test_required_options_exist() -> None:
     names = {p.stem for p in MODEL_FILES}
     required = {"resnet20", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
-    # part: segmentation
-    required |= {"deeplabv3_resnet18", "deeplabv3_resnet50", "deeplabv3_resnet101", "deeplabv3plus_resnet18",
-                 "deeplabv3plus_resnet50"}
-    # /part
     assert required <= names
     assert {p.stem for p in NORM_FILES} == {"bn", "syncbn", "torch_syncbn", "gn", "frozen_bn"}
     assert names == set(MODELS.names()) - {"resnet1202"}  # one file per registered name (1202: too big to ship)
 
 
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
-def test_model_yaml_builds(path: Path) -> None:
-    cfg = load(ModelConfig, path)
+def test_model_yaml_validates(path: Path) -> None:
+    """Every model file, whatever its task (each task's own build checks: tests/models/test_<its models>.py)."""
+    cfg = load(model_schema(), path)
     assert cfg.name == path.stem  # file name = model name, so `model=<file>` reads as the model
     cfg.validate()
-    task = model_task(cfg)
-    num_classes = 21 if task == "segmentation" else 10
+
+
+@pytest.mark.parametrize("path", [p for p in MODEL_FILES if MODELS.get(p.stem).task == "classification"],
+                         ids=lambda p: p.stem)
+def test_classifier_yaml_builds(path: Path) -> None:
+    cfg = load(model_schema(), path)
     if cfg.name in SMALL:
-        model = build_model(cfg, NormConfig(), num_classes).eval()
+        model = build_model(cfg, NormConfig(), 10).eval()
         size = 32 if cfg.name in ("resnet20", "resnet32", "resnet44", "resnet56", "resnet110") else 48
         with torch.no_grad():
-            out = model(torch.randn(2, 3, size, size + 8))
-        if task == "classification":
-            assert out.shape == (2, num_classes)
-        else:
-            assert out["out"].shape == (2, num_classes, size, size + 8)
-            assert ("aux" in out) == (cfg.aux_loss_weight > 0)
+            assert model(torch.randn(2, 3, size, size + 8)).shape == (2, 10)
         return
     with torch.device("meta"):
-        model = build_model(cfg, NormConfig(), 1000 if task == "classification" else 21)
+        model = build_model(cfg, NormConfig(), 1000)
     count = sum(p.numel() for p in model.parameters())
-    if task == "detection":
-        assert count > 0  # the layout against torchvision's own builders is in test_detection.py
-        return
-    # part: segmentation
-    if cfg.name.startswith("deeplabv3plus"):
-        assert count > 0  # no published reference; shapes are tested on ResNet-18 in test_deeplab.py
-        return
-    if cfg.name == "deeplabv3_resnet34":  # torchvision has no such model: nothing to compare with
-        return
-    # /part
-    # torchvision's deeplabv3_* weights include the aux head and 21 classes (counts don't depend on OS).
-    assert task == "classification" or cfg.aux_loss_weight > 0
     expected = get_model_weights(cfg.name).DEFAULT.meta["num_params"]
     assert count == expected, f"{cfg.name}: {count} parameters, torchvision says {expected}"
 
@@ -91,23 +72,14 @@ def test_every_model_name_has_a_task() -> None:
                     "detection" if name.startswith(("fcos", "retinanet", "fasterrcnn")) else "classification")
         arch = {"arch": ZOO_ARCH[name]} if name in ZOO_ARCH else {}
         assert model_task({"name": name, **arch}) == expected
-    # part: segmentation
-    assert set(MODELS.names("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
-                                                 for d in (18, 34, 50, 101)}
-    # /part
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"name": "resnet21"}, "model.name must be one of"),
-    ({"output_stride": 32}, "model.output_stride must be 8 or 16, got 32"),
-    ({"aux_loss_weight": -1.0}, "model.aux_loss_weight must be a finite number >= 0"),
-    ({"aux_loss_weight": 0.4}, "model.aux_loss_weight applies only to segmentation models"),
     ({"cifar_shortcut": "C"}, "model.cifar_shortcut must be A or B"),
-    ({"head_channels": 0}, "model.head_channels must be >= 1"),
-    # part: segmentation
-    ({"name": "deeplabv3plus_resnet18", "decoder_stride": 8}, "model.decoder_stride must be 4 or 2, got 8"),
-    ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride=2 applies only to DeepLabV3\\+"),
-    # /part
+    # A family's option on a model of another family: nothing would read it.
+    ({"name": "resnet18", "cifar_shortcut": "B"}, "model.cifar_shortcut applies only to cifar_resnet models, not to "
+                                                  "model=resnet18: remove model.cifar_shortcut='B'"),
     ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
     ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
     ({"arch": "resnet50"}, "model.arch and model.kwargs apply only to model=timm / model=torchvision"),
@@ -121,18 +93,17 @@ def test_every_model_name_has_a_task() -> None:
     ({"name": "timm", "arch": "resnet18", "kwargs": {"pretrained": True}},
      r"model.kwargs may not set \['pretrained'\]"),
     ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
-    ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
-    ({"detection_image_size": 128}, "model.detection_image_size applies only to detection models"),
-    # part: detection
-    ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
-    ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
-    ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
-    # /part
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
+    assert_refused(overrides, message)
+
+
+def assert_refused(overrides: dict, message: str) -> None:
+    """Config validation and build_model (from a mapping) both refuse `overrides` with `message` (also for a
+    task's own models, whose test modules import it)."""
     with pytest.raises(ValueError, match=message):
-        ModelConfig(**overrides).validate()
-    with pytest.raises(ValueError, match=message):  # build_model validates too
+        model_config(**overrides).validate()
+    with pytest.raises(ValueError, match=message):  # build_model validates a mapping too
         build_model(overrides, {}, 10)
 
 
@@ -200,7 +171,7 @@ def test_unknown_keys_rejected() -> None:
     with pytest.raises(ValueError, match=r"unknown model config key\(s\) \['outputstride'\]"):
         build_model({"name": "resnet20", "outputstride": 8}, {}, 3)
     with pytest.raises(Exception, match="outputstride"):  # Hydra's schema merge rejects it as well
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), {"outputstride": 8})
+        OmegaConf.merge(OmegaConf.structured(model_schema()), {"outputstride": 8})
 
 
 def test_accepts_dictconfig() -> None:

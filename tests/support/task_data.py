@@ -7,17 +7,21 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 import src.data as data
-from src.data.config import checked
+from src.config import data_config
 from src.tasks import get_task
 
 
 def handling(data_cfg: Any) -> data.TaskData:
     """The TaskData of the task that data_cfg.name is registered for."""
-    return get_task(data.dataset_task(checked(data_cfg).name)).data
+    return get_task(data.dataset_task(data_cfg.name if hasattr(data_cfg, "name") else data_cfg["name"])).data
 
 
 def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) -> data.DataBundle:
-    """src.data.build_datasets with the dataset's task's transforms."""
+    """src.data.build_datasets with the dataset's task's transforms; a mapping is read with every dataset's and
+    task's options (src.config.data_config) and validated."""
+    if isinstance(data_cfg, dict):
+        data_cfg = data_config(**data_cfg)
+        data_cfg.validate()
     return data.build_datasets(data_cfg, handling(data_cfg), seed=seed, device_transforms=device_transforms)
 
 

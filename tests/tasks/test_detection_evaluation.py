@@ -14,6 +14,7 @@ from torch import nn
 from src.data import DataConfig
 from tests.support.task_data import build_datasets, build_eval_loader
 from src.engine.evaluation.evaluator import evaluate
+from src.config import data_config
 from tests.support.gloo import run_on_ranks
 
 # 7 images: shards of 7 (1 rank), 4+3 (2 ranks) and 3+2+2 (3 ranks); eval batches of 2 leave a short last one.
@@ -42,8 +43,8 @@ class BoxesFromPixels(nn.Module):
 
 
 def _evaluate(rank: int, world: int, export: str | None = None) -> dict[str, float]:
-    bundle = build_datasets(DataConfig(**DATA), seed=0)
-    loader = build_eval_loader(bundle.val, DataConfig(**DATA), rank, world)
+    bundle = build_datasets(data_config(**DATA), seed=0)
+    loader = build_eval_loader(bundle.val, data_config(**DATA), rank, world)
     return evaluate(BoxesFromPixels(), loader, "detection", bundle.num_classes, "cpu", export=export,
                     class_names=bundle.class_names)
 
@@ -53,7 +54,7 @@ def direct() -> dict[str, float]:
     """torchmetrics' MeanAveragePrecision updated with every image's predictions at once, in one process."""
     from torchmetrics.detection import MeanAveragePrecision
 
-    bundle = build_datasets(DataConfig(**DATA), seed=0)
+    bundle = build_datasets(data_config(**DATA), seed=0)
     samples = [bundle.val[i] for i in range(len(bundle.val))]
     predictions = BoxesFromPixels()([image for image, _ in samples])
     metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox")

@@ -1,6 +1,7 @@
 """predict.py's file handling: which inputs, in which order, errors (each task's output: tests/tasks/<task>/)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,25 @@ def test_missing_arguments_say_how_to_call_it(tmp_path: Path) -> None:
         run(_compose(f"ckpt={tmp_path}/x.pt", f"input={tmp_path}"))
     with pytest.raises(FileNotFoundError, match="ckpt=.*no such file"):
         run(_compose(f"ckpt={tmp_path}/x.pt", f"input={tmp_path}", f"out={tmp_path}/o"))
+
+
+def test_each_task_reads_its_own_predict_options_and_refuses_the_others() -> None:
+    """predict.py's schema holds every task's keys (topk=3 works without `+`); the checkpoint's task gets its own,
+    validated, and a key of another task set away from its default is refused."""
+    from src.commands.predict import _task_options
+    from src.tasks import all_tasks, get_task
+
+    classification = get_task("classification")
+    assert _task_options(_compose("topk=3"), classification).topk == 3
+    with pytest.raises(ValueError, match="topk must be an integer >= 1, got 0"):
+        _task_options(_compose("topk=0"), classification)
+    for task in all_tasks():  # another task's keys on a classifier (none in a classification-only project)
+        if task.predict_options is None or task is classification:
+            continue
+        key = dataclasses.fields(task.predict_options)[0]
+        value = not key.default if isinstance(key.default, bool) else key.default / 2
+        with pytest.raises(ValueError, match=f"{key.name} applies to {task.name} predictions only; this "
+                                             "checkpoint's model is classification"):
+            _task_options(_compose(f"{key.name}={str(value).lower()}"), classification)
+        with pytest.raises(ValueError, match="topk applies to classification predictions only"):
+            _task_options(_compose("topk=3"), task)

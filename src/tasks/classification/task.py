@@ -9,7 +9,6 @@ composition, thread count and CPU): within 1e-6 relative.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -19,26 +18,19 @@ import torch.nn.functional as F
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.data.transforms import varying_sizes
+from src.dataclass_config import section
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.classification.exports import export_classification
 from src.tasks.classification.metrics import topk_correct
 from src.tasks.classification.mix import build_mix
+from src.tasks.classification.options import ClassificationData, ClassificationPredict, ClassificationTraining
 from src.tasks.classification.predictions import PREDICTIONS_CSV, write_predictions_csv
 from src.tasks.classification.transforms import CLASSIFICATION_DATA
 from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
-
-
-@dataclass(frozen=True)
-class ClassificationOptions:
-    """What classification's loss and batch mixing read."""
-
-    label_smoothing: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
 
 
 def classification_loss(label_smoothing: float = 0.0) -> Loss:
@@ -102,26 +94,31 @@ class Classification(Task):
     name = "classification"
     metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
     data = CLASSIFICATION_DATA
-    mixing = True
-    image_only_augmentations = True
+    config_options = {"trainer": ClassificationTraining, "data": ClassificationData}
+    predict_options = ClassificationPredict
 
     def validate(self, config: Any) -> None:
-        """The evaluation of images of varying sizes resizes, then crops: data.resize_size >= data.image_size."""
+        """Its options; images of varying sizes are evaluated resized, then cropped: data.resize_size >=
+        data.image_size; the automatic augmentation and erasing are training augmentation."""
         super().validate(config)
         data = config.data
         if varying_sizes(data) and (not isinstance(data.resize_size, int) or data.resize_size < data.image_size):
             raise ValueError(f"data.resize_size must be an integer >= {data.image_size}, got {data.resize_size!r}")
+        used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
+                if on]
+        if used and not data.augment:
+            raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
+                             f"set data.augment=true or remove data.{used[0]}")
 
-    def options(self, config: Any) -> ClassificationOptions:
+    def options(self, config: Any) -> ClassificationTraining:
         """trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha."""
-        t = config.trainer
-        return ClassificationOptions(t.label_smoothing, t.mixup_alpha, t.cutmix_alpha)
+        return section(config.trainer, ClassificationTraining)
 
-    def loss(self, options: ClassificationOptions) -> Loss:
+    def loss(self, options: ClassificationTraining) -> Loss:
         """Cross-entropy with trainer.label_smoothing."""
         return classification_loss(options.label_smoothing)
 
-    def batch_mix(self, options: ClassificationOptions, num_classes: int) -> Optional[Callable]:
+    def batch_mix(self, options: ClassificationTraining, num_classes: int) -> Optional[Callable]:
         """MixUp / CutMix with trainer.mixup_alpha / trainer.cutmix_alpha (None when both are 0)."""
         return build_mix(options, num_classes)
 
@@ -138,10 +135,9 @@ class Classification(Task):
                                 std=list(std))
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
-        """out/predictions.csv: per input, the top-k classes and their softmax probabilities."""
-        k = min(topk, len(class_names))
+                class_names: list[str], batch_count: int, options: ClassificationPredict) -> Path:
+        """out/predictions.csv: per input, the `topk` classes and their softmax probabilities."""
+        k = min(options.topk, len(class_names))
         rows: list[tuple[int, list[int], list[float]]] = []
         for batch in batches:
             probs = upcast(forward(batch)).softmax(dim=1)

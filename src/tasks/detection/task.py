@@ -27,6 +27,7 @@ from src.data.samplers import check_each_index_once
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once
+from src.tasks.detection.options import DetectionPredict
 from src.tasks.detection.transforms import DETECTION_DATA
 from src.tasks.registry import register_task
 
@@ -145,6 +146,7 @@ class Detection(Task):
     name = "detection"
     metrics = {"map": MAX, "map50": MAX, "map75": MAX}
     data = DETECTION_DATA
+    predict_options = DetectionPredict
 
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""
@@ -157,8 +159,6 @@ class Detection(Task):
              "the training batches are lists of images with their boxes (set data.device_transforms=auto or false)"),
             (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
              "its training-mode forward needs each batch's boxes"),
-            (trainer.label_smoothing > 0, f"trainer.label_smoothing={trainer.label_smoothing}",
-             "the detectors' classification losses are their own (focal loss)"),
             (trainer.compile, "trainer.compile=true",
              "the detectors' box decoding and NMS have data-dependent shapes"),
             (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
@@ -214,10 +214,10 @@ class Detection(Task):
             writer.add_image(f"val/detections_{n}", drawn, global_step=step, dataformats="CHW")
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
+                class_names: list[str], batch_count: int, options: DetectionPredict) -> Path:
         """out/predictions.json: one row per box scoring at least `score_threshold`; with draw=true also
         out/boxes/<input path>.png, each input with its boxes."""
+        draw, score_threshold = options.draw, options.score_threshold
         rows: list[tuple[int, dict[str, torch.Tensor]]] = []
         for batch in batches:
             rows += [(int(i), _cpu_prediction(p)) for i, p in zip(batch.indices, forward(batch))]

@@ -7,7 +7,6 @@ iou_<class> (0-1; a class absent from both ground truth and predictions has iou 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -25,17 +24,11 @@ from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.registry import register_task
 from src.tasks.segmentation.exports import export_segmentation, gather_masks
 from src.tasks.segmentation.metrics import ConfusionMatrix
+from src.tasks.segmentation.options import SegmentationData, SegmentationOptions
 from src.tasks.segmentation.predictions import mask_names
 from src.tasks.segmentation.transforms import SEGMENTATION_DATA
 
 EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
-
-
-@dataclass(frozen=True)
-class SegmentationOptions:
-    """What segmentation's loss reads."""
-
-    aux_weight: float = 0.0  # weight of the auxiliary head's loss (model.aux_loss_weight)
 
 
 def segmentation_logits(output: Any) -> torch.Tensor:
@@ -115,6 +108,7 @@ class Segmentation(Task):
     metrics = {"miou": MAX, "pixel_acc": MAX, "loss": MIN}
     per_class_prefix = "iou_"
     data = SEGMENTATION_DATA
+    config_options = {"data": SegmentationData}
 
     def options(self, config: Any) -> SegmentationOptions:
         """The auxiliary head's loss weight (model.aux_loss_weight of the models that have one)."""
@@ -145,8 +139,7 @@ class Segmentation(Task):
         return 1
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
+                class_names: list[str], batch_count: int, options: Any) -> Path:
         """One palette PNG per input (pixel value = class); masks reach rank 0 in rounds (gather_masks)."""
         targets = mask_names(files)
 

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from src.data import DataConfig, dataset_task
+from src.config import data_config
 from tests.data.test_device_transforms import _assert_same
 from tests.data.test_files import _png
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
@@ -24,11 +25,11 @@ def test_the_registry_names_its_datasets() -> None:
 
 def test_shapes_seg_counts_the_background_among_its_classes() -> None:
     with pytest.raises(ValueError, match=r"data\.num_classes"):
-        DataConfig(name="shapes_seg", num_classes=2).validate()
+        data_config(name="shapes_seg", num_classes=2).validate()
 
 
 def test_segmentation_samples_and_variable_size_eval() -> None:
-    cfg = DataConfig(name="shapes_seg", train_size=8, val_size=5, image_size=40, crop_size=32, base_size=40,
+    cfg = data_config(name="shapes_seg", train_size=8, val_size=5, image_size=40, crop_size=32, base_size=40,
                      num_classes=4, batch_size=4, eval_batch_size=8, variable_val_size=True)
     bundle = build_datasets(cfg, seed=0)
     assert bundle.task == "segmentation" and bundle.num_classes == 4
@@ -46,7 +47,7 @@ def test_segmentation_samples_and_variable_size_eval() -> None:
 
 
 def test_padding_of_segmentation_crops_uses_ignore_index() -> None:
-    cfg = DataConfig(name="shapes_seg", train_size=16, val_size=2, image_size=32, crop_size=48, base_size=32,
+    cfg = data_config(name="shapes_seg", train_size=16, val_size=2, image_size=32, crop_size=48, base_size=32,
                      scale_min=1.0, scale_max=1.0, num_classes=3, batch_size=2, hflip=False)
     bundle = build_datasets(cfg, seed=0)
     x, m = bundle.train[(0, 0)]
@@ -63,7 +64,7 @@ def test_segmentation_augmentation_keeps_image_and_mask_aligned() -> None:
     from src.tasks.segmentation.transforms import segmentation_train_transform
     from src.data.shapes import make_segmentation_image
 
-    cfg = DataConfig(name="shapes_seg", crop_size=48, base_size=64, scale_min=0.6, scale_max=1.6,
+    cfg = data_config(name="shapes_seg", crop_size=48, base_size=64, scale_min=0.6, scale_max=1.6,
                      mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0])
     tf = segmentation_train_transform(cfg)
     agree = []
@@ -83,7 +84,7 @@ def test_segmentation_augmentation_keeps_image_and_mask_aligned() -> None:
 
 
 def test_segmentation_image_and_mask_are_bitwise_the_same() -> None:
-    cfg = DataConfig(name="shapes_seg", train_size=8, val_size=4, batch_size=4, image_size=32, crop_size=24,
+    cfg = data_config(name="shapes_seg", train_size=8, val_size=4, batch_size=4, image_size=32, crop_size=24,
                      color_jitter=0.3)
     batches = _assert_same(cfg)
     assert batches[0][1].dtype == torch.int64 and batches[0][1].shape == (4, 24, 24)
@@ -112,7 +113,7 @@ def _write_fake_voc(root: Path) -> None:
 
 def test_voc(tmp_path: Path) -> None:
     _write_fake_voc(tmp_path)
-    cfg = DataConfig(name="voc", root=str(tmp_path), crop_size=16, base_size=20, batch_size=2,
+    cfg = data_config(name="voc", root=str(tmp_path), crop_size=16, base_size=20, batch_size=2,
                      mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     bundle = build_datasets(cfg, seed=0)
     assert bundle.num_classes == 21 and bundle.class_names[15] == "person" and bundle.task == "segmentation"
@@ -130,7 +131,7 @@ def test_voc(tmp_path: Path) -> None:
 
 def test_voc_missing_offline_says_where(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as info:
-        build_datasets(DataConfig(name="voc", root=str(tmp_path)), seed=0)
+        build_datasets(data_config(name="voc", root=str(tmp_path)), seed=0)
     assert str((tmp_path / "VOCdevkit" / "VOC2012").resolve()) in str(info.value)
     assert "data.download=true" in str(info.value)
 
@@ -146,7 +147,7 @@ def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
         gt = tmp_path / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
         gt.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(ids).save(gt)
-    cfg = DataConfig(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
+    cfg = data_config(name="cityscapes", root=str(tmp_path), crop_size=16, base_size=16, batch_size=1)
     bundle = build_datasets(cfg, seed=0)
     assert bundle.num_classes == 19 and bundle.class_names[0] == "road" and bundle.class_names[18] == "bicycle"
     x, m, idx = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
@@ -157,6 +158,6 @@ def test_cityscapes_maps_label_ids_to_train_ids(tmp_path: Path) -> None:
 
 def test_cityscapes_missing_says_where(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as info:
-        build_datasets(DataConfig(name="cityscapes", root=str(tmp_path)), seed=0)
+        build_datasets(data_config(name="cityscapes", root=str(tmp_path)), seed=0)
     msg = str(info.value)
     assert str((tmp_path / "leftImg8bit" / "train").resolve()) in msg and "gtFine" in msg
