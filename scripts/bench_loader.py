@@ -18,8 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from PIL import Image  # noqa: E402
 
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch  # noqa: E402
+from src.config import data_config  # noqa: E402
+from src.data import build_datasets, build_train_loader, set_loader_epoch  # noqa: E402
 from src.data import shapes  # noqa: E402
+from src.tasks import get_task  # noqa: E402
 
 KINDS = 4
 
@@ -38,7 +40,7 @@ def epoch(loader, number: int) -> tuple[float, int, int]:
     """(seconds, images, bytes of the first batch's images) for one pass over the loader."""
     set_loader_epoch(loader, number)
     started, images, first = time.perf_counter(), 0, 0
-    for batch_images, _ in loader:
+    for batch_images, _, _ in loader:
         images += batch_images.shape[0]
         first = first or batch_images.numel() * batch_images.element_size()
     return time.perf_counter() - started, images, first
@@ -55,12 +57,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         write_folder(Path(tmp), args.images, args.side)
-        cfg = DataConfig(name="imagefolder", root=tmp, image_size=args.crop, batch_size=args.batch_size,
-                         num_workers=args.workers, persistent_workers=True, num_classes=KINDS,
-                         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+        cfg = data_config(name="imagefolder", root=tmp, image_size=args.crop, batch_size=args.batch_size,
+                          num_workers=args.workers, persistent_workers=True, num_classes=KINDS,
+                          mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         loaders = {}
         for mode, on_device in (("float32 (workers normalise)", False), ("uint8 (device_transforms)", True)):
-            bundle = build_datasets(cfg, seed=0, device_transforms=on_device)
+            bundle = build_datasets(cfg, get_task("classification").data, seed=0, device_transforms=on_device)
             loaders[mode] = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=0)
             epoch(loaders[mode], 0)  # warm-up: workers started, files in the page cache
         rates: dict = {mode: [] for mode in loaders}

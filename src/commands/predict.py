@@ -4,11 +4,9 @@ Steps: check the arguments, read the trained run (src/commands/trained_run.py, a
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
 (src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
 (ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
-trainer.dry_run=true). Each image goes through the task's predict transform (src/data/task_data.py), and
-the task decides what is written (Task.predict in src/tasks/):
-- classification: the top-k classes and softmax probabilities -> out/predictions.csv;
-- segmentation: each image at its own size, the argmax per pixel -> one palette PNG per input, at the
-  input's size (src.data.palette.save_mask_png, as evaluate.py's export).
+trainer.dry_run=true). Each image goes through the task's predict transform and collation (its TaskData), and
+the task decides what is written (Task.predict, with its own options: Task.predict_options, e.g. topk; the
+table of what each task writes is docs/tasks.md's).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.registry import DATASETS, dataset_entry
-from src.dataclass_config import Owned, extend, foreign_settings, section, to_dataclass
+from src.dataclass_config import Owned, extend, section, to_dataclass
 
 
 @dataclass
@@ -125,17 +125,13 @@ def _schema(parts: tuple[Owned, ...]) -> type[DataConfig]:
 
 
 def _check_dataset_options(cfg: DataConfig, entry: Any) -> None:
-    """The dataset checks its own options; another dataset's set away from its default is refused."""
+    """The dataset checks its own options. Another dataset's are left unread, not refused: a recipe sets them for
+    its dataset (conf/experiment/*.yaml), and `data=` on the command line must still swap the dataset."""
     own = entry.info.get("options")
     if own is not None and all(hasattr(cfg, f.name) for f in dataclasses.fields(own)):
         options = section(cfg, own)
         if hasattr(options, "validate"):
             options.validate()
-    if not isinstance(cfg, data_schema()):
-        return  # the core keys alone: no dataset's options were set
-    for key, value, owners in foreign_settings(cfg, dataset_options(), {f"data={cfg.name}"}):
-        raise ValueError(f"data.{key} applies only to {', '.join(owners)}, not to data.name={cfg.name}: "
-                         f"remove data.{key}={value!r}")
 
 
 def _check_decode_on_device(cfg: DataConfig, encoded_files: bool) -> None:

@@ -1,17 +1,20 @@
 """The task interface: everything that differs between classification, segmentation, detection, ...
 
-A task is one object, registered once (src/tasks/registry.py) under the name that its datasets and models
-are registered with (`@DATASETS.register(..., task="detection")`). The engine and the commands only call
-these methods; no code outside src/tasks/ (and the data layer's TaskData, src/data/task_data.py, which
-holds the task's transforms and collation) asks which task it is running.
+A task is one object, registered once (src/tasks/registry.py) by its package src/tasks/<task>/, under the name
+that its datasets and models are registered with (`@DATASETS.register(..., task="detection")`). Config
+validation resolves the run's task once (`config.task`) and hands it down; the engine and the commands only
+call these members and never ask which task it is running (docs/tasks.md is the guide).
 
 Who calls what:
-- config validation: `metrics`, `per_class_prefix`, `higher_is_better`, `validate(config)`;
-- the training loop: `to_device`, `batch_size`, `forward` (training mode), `loss(...)`'s function;
-- evaluation (src/engine/evaluation/evaluator.py): `eval_batch`, `eval_forward`, `evaluator(...)`, whose
-  `process` sees every batch and whose `compute` (every rank, collectives) returns the metrics;
+- config validation: `metrics` and their directions (`higher_is_better`), `per_class_prefix`, `config_options`
+  (the task's keys in the config groups, src/dataclass_config.py), `validate(config)`;
+- the training run: `data` (TaskData: transforms and collation of Batches, src/data/batch.py), `options(config)`
+  (one object) for `loss(options)` and `batch_mix(options, ...)`, `forward` (training mode);
+- evaluation (src/engine/evaluation/evaluator.py): `evaluator(context)`, whose `process` sees every batch and
+  whose `compute` (every rank, collectives) returns the metrics;
 - TensorBoard: `log_train_samples`, `log_eval_pictures`;
-- predict.py: `predict_batch_size`, `predict`; export.py: `export_size`; the dry run: `describe_output`.
+- predict.py: `predict_options`, `predict_settings`, `predict_batch_size`, `predict`; export.py: `export_output`,
+  `export_size`; the dry run: `describe_output`.
 
 The defaults below are those of a model that maps a stacked image batch to one tensor (a classifier); a task
 overrides what differs.

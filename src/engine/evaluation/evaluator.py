@@ -4,7 +4,7 @@ The loader comes from src.data.build_eval_loader (ExactEvalSampler: contiguous u
 and yields Batches of (images, targets, indices) (src/data/batch.py). Ranks may therefore run different numbers of batches, so the
 per-batch loop never communicates: the task's evaluator (src/tasks/) accumulates each batch, and all
 collectives happen once, in its compute(), in the same order on every rank. How each task keeps its results
-exact is in its module (src/tasks/classification.py, segmentation.py, ...).
+exact is in its package (src/tasks/<task>/).
 """
 from __future__ import annotations
 
