@@ -67,11 +67,18 @@ def test_norm_yaml_validates(path: Path) -> None:
 
 
 def test_every_model_name_has_a_task() -> None:
-    for name in MODELS.names():
-        expected = ("segmentation" if name.startswith("deeplab") else
-                    "detection" if name.startswith(("fcos", "retinanet", "fasterrcnn")) else "classification")
-        arch = {"arch": ZOO_ARCH[name]} if name in ZOO_ARCH else {}
-        assert model_task({"name": name, **arch}) == expected
+    """Each name's task is a registered one, the same for a whole family; the classifiers here are classification's
+    (a task's own models: its test module, e.g. test_its_models_are_registered)."""
+    from src.tasks import task_names
+
+    families: dict[str, set[str]] = {}
+    for entry in MODELS:
+        arch = {"arch": ZOO_ARCH[entry.name]} if entry.name in ZOO_ARCH else {}
+        assert model_task({"name": entry.name, **arch}) == entry.task and entry.task in task_names()
+        families.setdefault(entry.info.get("family", entry.name), set()).add(entry.task)
+    assert all(len(tasks) == 1 for tasks in families.values()), families
+    classifiers = {"resnet20", "resnet56", "resnet18", "resnet50", "timm", "torchvision"}
+    assert {n: MODELS.get(n).task for n in classifiers} == dict.fromkeys(classifiers, "classification")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -180,3 +180,10 @@ def test_syncbn_fcos_on_two_processes_matches_bn_on_one() -> None:
 ])
 def test_bad_options(overrides: dict, message: str) -> None:
     assert_refused(overrides, message)
+
+
+def test_its_models_are_registered() -> None:
+    from src.models import MODELS
+
+    assert set(MODELS.names("detection")) == {f"{family}_resnet{depth}" for family in FAMILIES
+                                              for depth in (18, 34, 50)}
