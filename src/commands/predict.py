@@ -2,8 +2,9 @@
 
 Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
-(ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
+(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous run of
+fixed batches (EvalBatchSampler: every image exactly once, in the same batch at any world size), predict with
+trainer.eval_num_threads CPU threads, gather to rank 0, and write there (nothing with
 trainer.dry_run=true). Each image goes through the task's predict transform (src/data/task_data.py), and
 the task decides what is written (Task.predict in src/tasks/):
 - classification: the top-k classes and softmax probabilities -> out/predictions.csv;
@@ -23,10 +24,10 @@ from torch.utils.data import DataLoader
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
-from src.data import ExactEvalSampler
+from src.data import EvalBatchSampler
 from src.data.config import coerce
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
-from src.engine.cpu_threads import configure_threads
+from src.engine.cpu_threads import configure_threads, fixed_threads
 from src.precision import autocast, model_dtype
 from src.tasks import Task, get_task
 from src.tasks.predict_io import ImageFiles, list_inputs
@@ -54,9 +55,11 @@ def run(cfg: DictConfig) -> Path:
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
-        written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
-                               class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
-                               draw=bool(cfg.get("draw", False)), score_threshold=float(cfg.get("score_threshold", 0.0)))
+        with fixed_threads(config.trainer.eval_num_threads if device.type == "cpu" else 0):
+            written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
+                                   class_names=list(trained.class_names), topk=int(cfg.topk), batch_count=len(loader),
+                                   draw=bool(cfg.get("draw", False)),
+                                   score_threshold=float(cfg.get("score_threshold", 0.0)))
         comm.barrier()
         return written
     finally:
@@ -81,8 +84,11 @@ def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], b
         kwargs["persistent_workers"] = False
     if task.data.collate is not None:  # e.g. detection: a list of images, each at its own size
         kwargs["collate_fn"] = task.data.collate
-    return DataLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
-                      sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
+    # Fixed blocks of inputs per batch (EvalBatchSampler): each image meets the same neighbours, so the same
+    # padding and arithmetic, at any world size.
+    sampler = EvalBatchSampler(len(dataset), task.predict_batch_size(batch_size), comm.get_rank(),
+                               comm.get_world_size())
+    return DataLoader(dataset, batch_sampler=sampler, **kwargs)
 
 
 def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
@@ -98,6 +104,7 @@ def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
     """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "predicting")
-    facts["inputs"] = f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0"
+    facts["inputs"] = (f"{inputs} image(s), {loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) "
+                       "on rank 0")
     facts["out"] = f"{out_dir} (not written: dry run)"
     print_summary("predict.py", facts)

@@ -21,7 +21,7 @@ from src.data.config import DataConfig, coerce
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
-from src.data.samplers import ExactEvalSampler, TrainBatchSampler
+from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 # The transform modules register their task's TaskData (transforms and collation) when imported: these two
 # here, another task's by the modules of its datasets, which import it.
@@ -30,9 +30,9 @@ from src.data.seg_transforms import IGNORE_INDEX
 from src.data.task_data import TaskData, register_task_data, task_data
 
 __all__ = [
-    "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
-    "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch", "TaskData", "register_task_data",
-    "task_data",
+    "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler", "Splits", "TrainBatchSampler",
+    "build_datasets", "build_eval_loader", "build_train_loader", "dataset_task", "set_loader_epoch", "TaskData",
+    "register_task_data", "task_data",
 ]
 
 
@@ -120,15 +120,17 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
 
 
 def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:
-    """Loader over this rank's contiguous shard (ExactEvalSampler); yields (images, targets, indices).
+    """Loader over this rank's batches (EvalBatchSampler); yields (images, targets, indices).
 
-    Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
+    The batches are fixed blocks of data.eval_batch_size dataset indices, so every image meets the same
+    neighbours (and padding) at any world size. Datasets whose images can differ in size and that stack
+    them (segmentation at each image's own size) use batch size 1.
     """
     cfg = coerce(data_cfg)
     collate = task_data(dataset_entry(cfg.name).task).eval_collate  # a task's own collation takes any sizes
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
-    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
-                      sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
+    return DataLoader(IndexedDataset(dataset), collate_fn=collate,
+                      batch_sampler=EvalBatchSampler(len(dataset), batch_size, rank, world_size),
                       **_loader_kwargs(cfg))
 
 

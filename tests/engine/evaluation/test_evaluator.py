@@ -1,13 +1,12 @@
 """Exact distributed evaluation on real gloo groups: metrics and exports for world sizes 1, 2, 3 equal a
-one-process evaluation.
+one-process evaluation, bit for bit.
 
 The validation sets are sized so that no world size divides them (101 classification samples, 13
 segmentation images of different sizes), so the shards are uneven and ranks run different numbers of
-batches. Counted metrics (top-1/top-5, the int64 confusion matrix and what it gives: mIoU, pixel
-accuracy, per-class IoU) and the exported predictions are compared exactly (==, NaN == NaN): every sample
-is counted once. The float loss is compared to LOSS_RTOL: batch boundaries move with the world size and
-oneDNN chooses kernels by batch shape, thread count and CPU, so a sample's logits may differ in the last
-float32 bits (an ulp is 1.2e-7 relative); a sample counted twice or skipped moves the mean loss by ~1e-2.
+batches. Everything is compared exactly (==, NaN == NaN), the float loss too: the batches are fixed blocks
+of dataset indices (EvalBatchSampler) and every rank evaluates with one CPU thread whatever it had before
+(ranks start with 1 or 2 here, as torchrun's defaults would differ), so each sample's logits are the same
+bits at any world size, and the evaluators reduce them in dataset order.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.samplers import ExactEvalSampler
+from src.data.samplers import EvalBatchSampler
 from src.engine.evaluation.evaluator import evaluate
 from src.tasks.exports import mask_filename
 from tests.support.gloo import run_on_ranks
@@ -100,32 +99,26 @@ def tiny_segmenter() -> nn.Module:
 
 
 def loader(dataset: Dataset, rank: int, world: int, batch_size: int) -> DataLoader:
-    """An exact-evaluation loader: the data package's contiguous uneven shards, no padding."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=ExactEvalSampler(len(dataset), rank, world))
+    """An exact-evaluation loader: the data package's fixed blocks of indices, whole blocks per rank, no padding."""
+    return DataLoader(dataset, batch_sampler=EvalBatchSampler(len(dataset), batch_size, rank, world))
 
 
 def evaluate_both(rank: int, world: int, out_dir: str) -> dict:
     """Classification and segmentation evaluation with exports; runs in each rank (or in the test)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     cls_model, seg_model = tiny_classifier(), tiny_segmenter()
     cls_model.train()  # evaluate() must switch to eval and back
     cls = evaluate(cls_model, loader(ClsData(), rank, world, 8), "classification", NUM_CLASSES, "cpu",
-                   export=Path(out_dir) / "cls")
+                   export=Path(out_dir) / "cls", threads=1)
     seg = evaluate(seg_model.eval(), loader(SegData(), rank, world, 1), "segmentation", NUM_SEG_CLASSES,
-                   "cpu", export=Path(out_dir) / "seg")
+                   "cpu", export=Path(out_dir) / "seg", threads=1)
     return {"cls": cls, "seg": seg, "cls_training_after": cls_model.training,
-            "seg_training_after": seg_model.training}
-
-
-LOSS_RTOL = 1e-6
-FLOAT_KEYS = ("loss",)  # means of float per-sample values; every other metric is a ratio of counts
+            "seg_training_after": seg_model.training, "threads_after": torch.get_num_threads()}
 
 
 def same(a: dict[str, float], b: dict[str, float]) -> bool:
-    """Counted metrics equal exactly (NaN equal to NaN), losses within LOSS_RTOL."""
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k]
-        or (k in FLOAT_KEYS and a[k] == pytest.approx(b[k], rel=LOSS_RTOL, abs=0.0)) for k in a)
+    """Every metric equal bit for bit (NaN equal to NaN)."""
+    return a.keys() == b.keys() and all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +148,7 @@ def test_distributed_evaluation_equals_one_process(world: int, reference: tuple[
         assert same(res["cls"], ref["cls"]), (rank, res["cls"], ref["cls"])
         assert same(res["seg"], ref["seg"]), (rank, res["seg"], ref["seg"])
         assert res["cls_training_after"] is True and res["seg_training_after"] is False
+        assert res["threads_after"] == 1 + rank % 2, "the process's thread count is restored"
 
     # Exports: complete, in dataset order, and the same predictions as one process.
     preds = np.load(tmp_path / "cls" / "predictions.npy")
