@@ -77,7 +77,7 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
 
 def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> DataLoader:
-    """This rank's contiguous shard of the inputs, through the task's predict transform and batch size."""
+    """This rank's run of fixed batches of the inputs (EvalBatchSampler), through the task's predict transform."""
     dataset = ImageFiles(base, relative, task.data.predict(coerce(config.data)))
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
