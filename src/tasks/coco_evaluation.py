@@ -6,7 +6,8 @@ evaluation targets of data=coco): crowd regions stay and are COCO's ignore regio
 neither right nor wrong), no box is clamped or dropped for being small, the annotations' `area` places an
 object in the small/medium/large ranges, and image and category ids are the file's. Datasets without a
 file (data=shapes_det) get the same from their targets' boxes and labels (image_truth: image id = dataset
-index, category id = label, area = box area, no crowds), so every detection dataset takes one path.
+index, category id = label; the target's "area" and "iscrowd" where it has them, else the box's area and no
+crowds), so every detection dataset takes one path.
 
 What differs from running COCOeval on the file itself, and why:
 - annotation ids are renumbered 1..N in file order: COCOeval counts a match with an annotation of id 0 as a
@@ -44,18 +45,28 @@ STAT_NAMES = ("map", "map50", "map75", "map_small", "map_medium", "map_large",
 
 def image_truth(index: int, target: Mapping[str, Any], num_classes: int) -> CocoImageTruth:
     """One evaluated image's COCO ground truth: its file's (target["coco"]), else built from the target's
-    "boxes" (xyxy) and "labels" with image id `index` and category ids 1..num_classes-1 (the labels)."""
+    "boxes" (xyxy) and "labels" with image id `index` and category ids 1..num_classes-1 (the labels); a
+    target's "iscrowd" and "area" (torchvision's detection targets have them) are used where present, else
+    no crowds and the boxes' areas."""
     truth = target.get(COCO_TRUTH_KEY)
     if truth is not None:
         return truth
-    boxes = torch.as_tensor(target["boxes"]).detach().to("cpu", torch.float64).reshape(-1, 4).tolist()
-    labels = torch.as_tensor(target["labels"]).detach().cpu().reshape(-1).tolist()
-    annotations = []
-    for (x1, y1, x2, y2), label in zip(boxes, labels):
-        w, h = x2 - x1, y2 - y1
-        annotations.append({"image_id": index, "category_id": int(label), "bbox": [x1, y1, w, h], "area": w * h,
-                            "iscrowd": 0})
-    return CocoImageTruth({"id": index}, tuple(annotations), tuple(range(1, num_classes)))
+    boxes = _column(target["boxes"]).reshape(-1, 4).tolist()
+    labels = _column(target["labels"]).long().tolist()
+    count = len(labels)
+    crowds = _column(target["iscrowd"]).long().tolist() if "iscrowd" in target else [0] * count
+    areas = (_column(target["area"]).tolist() if "area" in target else
+             [(x2 - x1) * (y2 - y1) for x1, y1, x2, y2 in boxes])
+    annotations = tuple({"image_id": index, "category_id": label, "bbox": [x1, y1, x2 - x1, y2 - y1], "area": area,
+                         "iscrowd": crowd}
+                        for (x1, y1, x2, y2), label, area, crowd in zip(boxes, labels, areas, crowds))
+    return CocoImageTruth({"id": index}, annotations, tuple(range(1, num_classes)))
+
+
+def _column(values: Any) -> torch.Tensor:
+    """A target's tensor (or list) as a flat float64 or int64 CPU tensor."""
+    tensor = torch.as_tensor(values).detach().cpu().as_subclass(torch.Tensor)
+    return (tensor if not tensor.is_floating_point() else tensor.double()).reshape(-1)
 
 
 def ground_truth(truths: Sequence[CocoImageTruth], class_names: Optional[Sequence[str]] = None) -> COCO:

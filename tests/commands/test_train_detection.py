@@ -107,7 +107,8 @@ def _evaluate_and_predict(rank: int, world: int, ckpt: str, images: str, out: st
     from src.commands import evaluate, predict
 
     out_dir = Path(out)
-    evaluate.run(_compose("evaluate", [f"ckpt={ckpt}", f"out={out_dir / 'metrics.json'}", f"export={out_dir / 'export'}"]))
+    evaluate.run(_compose("evaluate", [f"ckpt={ckpt}", f"out={out_dir / 'metrics.json'}",
+                                       f"export={out_dir / 'export'}"]))
     predict.run(_compose("predict", [f"ckpt={ckpt}", f"input={images}", f"out={out_dir / 'predict'}", "num_workers=0",
                                      "batch_size=3", "draw=true"]))
 

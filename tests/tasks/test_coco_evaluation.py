@@ -67,7 +67,8 @@ def test_the_annotations_area_places_objects_in_coco_size_ranges() -> None:
     # A 40 x 40 box is "medium" by its box (1600 px^2) but COCO's area is the segment's: 900 is "small".
     segment = _ann(15, 5, 3, [10, 10, 40, 40], area=900.0)
     metrics = _map([_truth(5, segment)], [_prediction(([10, 10, 50, 50], 0.9, 1))])
-    assert metrics["map_small"] == pytest.approx(1.0) and math.isnan(metrics["map_medium"]) and math.isnan(metrics["map_large"])
+    assert metrics["map_small"] == pytest.approx(1.0)
+    assert math.isnan(metrics["map_medium"]) and math.isnan(metrics["map_large"])
     assert list(metrics) == list(STAT_NAMES)
 
 
@@ -89,7 +90,7 @@ def test_annotation_id_zero_and_missing_keys_are_evaluated_as_coco_means() -> No
     bare = {"id": 0, "image_id": 5, "category_id": 3, "bbox": [10, 10, 20, 20]}
     truth = _truth(5, bare)
     assert _map([truth], [_prediction(EXACT)])["map"] == pytest.approx(1.0)
-    assert bare == {"id": 0, "image_id": 5, "category_id": 3, "bbox": [10, 10, 20, 20]}, "the dataset's dict is untouched"
+    assert bare == {"id": 0, "image_id": 5, "category_id": 3, "bbox": [10, 10, 20, 20]}, "the dataset's is untouched"
     (ann,) = ground_truth([truth]).dataset["annotations"]
     assert (ann["id"], ann["area"], ann["iscrowd"]) == (1, 400.0, 0)
 
@@ -109,10 +110,14 @@ def test_no_detections_score_zero_and_no_images_are_undefined() -> None:
 
 
 def test_targets_without_a_file_become_cocos_ground_truth() -> None:
-    """data=shapes_det: image id = dataset index, category id = label, area = the box's."""
+    """data=shapes_det: image id = dataset index, category id = label, area = the box's, no crowds (unless the
+    target says otherwise)."""
     truth = image_truth(3, {"boxes": torch.tensor([[1.0, 2.0, 5.0, 10.0]]), "labels": torch.tensor([2])}, 4)
     assert truth.image == {"id": 3} and truth.category_ids == (1, 2, 3)
     assert truth.annotations == ({"image_id": 3, "category_id": 2, "bbox": [1.0, 2.0, 4.0, 8.0], "area": 32.0,
                                   "iscrowd": 0},)
+    crowded = image_truth(4, {"boxes": torch.tensor([[0.0, 0.0, 10.0, 10.0]]), "labels": torch.tensor([1]),
+                              "iscrowd": torch.tensor([1]), "area": torch.tensor([60.0])}, 4)
+    assert (crowded.annotations[0]["iscrowd"], crowded.annotations[0]["area"]) == (1, 60.0)  # torchvision's keys
     from_file = _truth(5, CAT)
     assert image_truth(0, {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0), "coco": from_file}, 3) is from_file

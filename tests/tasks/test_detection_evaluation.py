@@ -81,7 +81,8 @@ def _evaluate_all(rank: int, world: int, coco_root: str, out: str) -> dict[str, 
     """Every model on its data, with exports under out/<run>; runs on each rank."""
     torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     coco = DataConfig(name="coco", root=coco_root, train_split="train", val_split="val", eval_batch_size=2)
-    runs = {"colour": (coco, lambda bundle: ColourBoxes()), "fcos": (coco, lambda bundle: tiny_fcos(bundle.num_classes)),
+    runs = {"colour": (coco, lambda bundle: ColourBoxes()),
+            "fcos": (coco, lambda bundle: tiny_fcos(bundle.num_classes)),
             "shapes": (DataConfig(**SHAPES), lambda bundle: RememberedBoxes(bundle.val))}
     metrics = {}
     for name, (cfg, make_model) in runs.items():
@@ -169,7 +170,8 @@ def test_map_is_cocoeval_on_the_original_json_and_the_exported_results(runs: dic
     for world, (results, out) in runs.items():
         for name in ("colour", "fcos"):
             rows = json.loads((out / name / "coco_results.json").read_text())
-            assert {r["image_id"] for r in rows} <= set(gt.getImgIds()) and {r["category_id"] for r in rows} <= {3, 7, 12}
+            assert {r["image_id"] for r in rows} <= set(gt.getImgIds())  # the file's ids
+            assert {r["category_id"] for r in rows} <= {3, 7, 12}
             assert set(rows[0]) == {"image_id", "category_id", "bbox", "score"}
             direct = _cocoeval(gt, out / name / "coco_results.json")
             assert results[0]["metrics"][name] == pytest.approx(direct, abs=1e-6), (world, name)
