@@ -176,6 +176,10 @@ class TrainerConfig:
     broadcast_buffers: bool = False
     norm_buffer_sync: str = "reduce"
     num_threads: int = 0
+    # Intra-op CPU threads of every process while it evaluates or predicts (then num_threads' count again): one
+    # number for every world size, so evaluation is bitwise the same at any W (docs/evaluation.md); 0 = keep
+    # num_threads' count, which depends on the processes per node.
+    eval_num_threads: int = 1
     progress_bar: bool = True
     tensorboard: bool = True
     # torch.compile the forward module (after DDP wrapping); evaluation runs the same compiled model in
@@ -225,6 +229,7 @@ class TrainerConfig:
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
         _one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         _non_negative("trainer.num_threads", self.num_threads)
+        _non_negative_int("trainer.eval_num_threads", self.eval_num_threads)
         _non_negative_int("trainer.precise_bn_batches", self.precise_bn_batches)
         _non_negative_int("trainer.precise_bn_every", self.precise_bn_every)
         if self.precise_bn_every and not self.precise_bn_batches:

@@ -46,7 +46,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
             _dry_run(trained, bundle, loader)
             return {}
         metrics = evaluate(trained.model, loader, task, bundle.num_classes, device, amp=config.trainer.amp,
-                           export=cfg.export, class_names=list(bundle.class_names))
+                           export=cfg.export, class_names=list(bundle.class_names),
+                           threads=config.trainer.eval_num_threads)
         if comm.is_main_process():
             record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
                       "checkpoint": str(trained.path), "weights": trained.weights,
@@ -76,8 +77,8 @@ def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:
 def _dry_run(trained: TrainedRun, bundle: DataBundle, loader: Any) -> None:
     """trainer.dry_run: one batch of this rank's shard through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "evaluated")
-    facts["data"] = (f"{trained.config.data.name}: {len(bundle.val)} val samples, {loader.batch_size} per batch, "
-                     f"{len(loader)} batch(es) on rank 0")
+    facts["data"] = (f"{trained.config.data.name}: {len(bundle.val)} val samples, "
+                     f"{loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) on rank 0")
     print_summary("evaluate.py", facts)
 
 

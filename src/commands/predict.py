@@ -2,11 +2,12 @@
 
 Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
-(ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
-trainer.dry_run=true). Each image goes through the task's predict transform and collation (its TaskData), and
-the task decides what is written (Task.predict, with its own options: Task.predict_options, e.g. topk; the
-table of what each task writes is docs/tasks.md's).
+(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous run of
+fixed batches (EvalBatchSampler: every image exactly once, in the same batch at any world size), predict with
+trainer.eval_num_threads CPU threads, gather to rank 0, and write there (nothing with trainer.dry_run=true). Each
+image goes through the task's predict transform and collation (its TaskData), and the task decides what is written
+(Task.predict, with its own options: Task.predict_options, e.g. topk; the table of what each task writes is
+docs/tasks.md's).
 """
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from torch.utils.data import DataLoader
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
-from src.data import Batch, ExactEvalSampler, collate_stacked
+from src.data import Batch, EvalBatchSampler, collate_stacked
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
-from src.engine.cpu_threads import configure_threads
+from src.engine.cpu_threads import configure_threads, fixed_threads
 from src.precision import autocast, model_dtype
 from src.dataclass_config import extend, foreign_settings
 from src.tasks import Task, all_tasks
@@ -77,8 +78,9 @@ def run(cfg: DictConfig) -> Path:
         if config.trainer.dry_run:
             _dry_run(trained, loader, len(relative), out_dir)
             return out_dir
-        written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
-                               class_names=list(trained.class_names), batch_count=len(loader), options=options)
+        with fixed_threads(config.trainer.eval_num_threads if device.type == "cpu" else 0):
+            written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
+                                   class_names=list(trained.class_names), batch_count=len(loader), options=options)
         comm.barrier()
         return written
     finally:
@@ -107,15 +109,17 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
 
 def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> DataLoader:
-    """This rank's contiguous shard of the inputs as Batches (no targets), through the task's predict transform,
-    collation and batch size."""
+    """This rank's run of fixed batches of the inputs (EvalBatchSampler) as Batches (no targets), through the
+    task's predict transform, collation and batch size."""
     dataset = ImageFiles(base, relative, task.data.predict(config.data))
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
         kwargs["persistent_workers"] = False
-    return DataLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
-                      collate_fn=task.data.collate or collate_stacked,
-                      sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
+    # Fixed blocks of inputs per batch (EvalBatchSampler): each image meets the same neighbours, so the same
+    # padding and arithmetic, at any world size.
+    sampler = EvalBatchSampler(len(dataset), task.predict_batch_size(batch_size), comm.get_rank(),
+                               comm.get_world_size())
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.data.collate or collate_stacked, **kwargs)
 
 
 def _forward(trained: TrainedRun, batch: Batch) -> Any:
@@ -131,6 +135,7 @@ def _forward(trained: TrainedRun, batch: Batch) -> Any:
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
     """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "predicting")
-    facts["inputs"] = f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0"
+    facts["inputs"] = (f"{inputs} image(s), {loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) "
+                       "on rank 0")
     facts["out"] = f"{out_dir} (not written: dry run)"
     print_summary("predict.py", facts)

@@ -224,7 +224,8 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
                 device: torch.device) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
-    evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
+    evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp,
+                          threads=settings.eval_num_threads)
     hooks: list[Hook] = [NormSyncHook(config.norm), MetricsHook(tracker, settings.log_every),
                          StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None:  # the task's pictures of the first training batch (if it has any)
@@ -258,9 +259,10 @@ def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
 
 
 def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: Task, data: DataBundle, device: torch.device,
-              amp: str) -> dict[str, float]:
+              amp: str, threads: int) -> dict[str, float]:
     """The exact distributed evaluation of `module` on the validation set (the same dict on every rank)."""
-    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, class_names=list(data.class_names))
+    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, class_names=list(data.class_names),
+                    threads=threads)
 
 
 def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle, device: torch.device) -> Any:

@@ -23,14 +23,14 @@ from src.data.config import DataConfig, checked
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
-from src.data.samplers import ExactEvalSampler, TrainBatchSampler
+from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.task_data import TaskData
 
 __all__ = [
-    "Batch", "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler", "build_datasets",
-    "build_eval_loader", "build_train_loader", "collate_lists", "collate_stacked", "dataset_task", "set_loader_epoch",
-    "TaskData",
+    "Batch", "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler", "Splits",
+    "TrainBatchSampler", "build_datasets", "build_eval_loader", "build_train_loader", "collate_lists", "collate_stacked",
+    "dataset_task", "set_loader_epoch", "TaskData",
 ]
 
 
@@ -124,16 +124,17 @@ def _collate_with(collate_pairs: Any, samples: list) -> Batch:
 
 
 def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, collate: Any = None) -> DataLoader:
-    """Loader over this rank's contiguous shard (ExactEvalSampler); yields Batches.
+    """Loader over this rank's batches (EvalBatchSampler); yields Batches.
     `collate`: the task's (TaskData.collate; None = collate_stacked).
 
-    Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1, unless
-    the task's own collation takes any sizes.
+    The batches are fixed blocks of data.eval_batch_size dataset indices, so every image meets the same
+    neighbours (and padding) at any world size. Datasets whose images can differ in size (segmentation at each
+    image's own size) use batch size 1, unless the task's own collation takes any sizes.
     """
     cfg = checked(data_cfg)
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
-    return DataLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate or collate_stacked,
-                      sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
+    return DataLoader(IndexedDataset(dataset), collate_fn=collate or collate_stacked,
+                      batch_sampler=EvalBatchSampler(len(dataset), batch_size, rank, world_size),
                       **_loader_kwargs(cfg))
 
 

@@ -30,7 +30,7 @@ from src.tasks.classification.transforms import CLASSIFICATION_DATA
 from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.registry import register_task
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 
 
 def classification_loss(label_smoothing: float = 0.0) -> Loss:

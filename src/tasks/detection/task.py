@@ -6,15 +6,15 @@ input's pixels), "scores", "labels"}. Images are lists of float [3, H, W] tensor
 and normalises them itself); targets are lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K]} with
 labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes_det.py and coco.py.
 
-Evaluation: COCO mAP@[.5:.95] (`map`) and mAP@.5 (`map50`) from torchmetrics' MeanAveragePrecision (the
-pycocotools backend). Each rank keeps its images' predictions and ground truth by dataset index; one
-gather_object brings every image's to rank 0, sorted by index, the metric is computed there on all of them
-in that order (exactly what one process computes, for any world size) and broadcast to every rank.
+Evaluation: COCO's own (pycocotools' COCOeval on COCO's ground truth, src/tasks/coco_evaluation.py): mAP@[.5:.95]
+(`map`), mAP@.5 (`map50`) and mAP@.75 (`map75`). Each rank keeps its images' detections and COCO ground truth
+by dataset index; one gather_object brings every image's to rank 0, sorted by index, the metric is computed
+there on all of them in that order (exactly what one process computes, for any world size) and broadcast to
+every rank.
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,23 +23,21 @@ from torchvision.io import write_png
 from torchvision.utils import draw_bounding_boxes, make_grid
 
 from src import comm
+from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
+from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.detection.options import DetectionPredict
 from src.tasks.detection.transforms import DETECTION_DATA
 from src.tasks.registry import register_task
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 PREDICTIONS_JSON = "predictions.json"
+COCO_RESULTS_JSON = "coco_results.json"  # evaluate.py's export: the detections COCOeval read, in its format
 BOXES_FOLDER = "boxes"  # predict.py draw=true: the inputs with their boxes drawn
 PICTURE_SCORE = 0.3  # TensorBoard pictures draw the predictions scoring at least this
-
-
-def _cpu_target(target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {"boxes": target["boxes"].detach().to("cpu", torch.float32).as_subclass(torch.Tensor).reshape(-1, 4),
-            "labels": target["labels"].detach().to("cpu", torch.int64).as_subclass(torch.Tensor).reshape(-1)}
 
 
 def _cpu_prediction(prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -56,24 +54,6 @@ def detection_loss(losses: dict[str, torch.Tensor], targets: Any = None) -> torc
     return sum(upcast(v) for v in losses.values())
 
 
-def mean_average_precision(predictions: Sequence[dict[str, torch.Tensor]],
-                           targets: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """COCO box mAP of per-image predictions against ground truth (torchmetrics), as {"map", "map50", "map75"}."""
-    from torchmetrics.detection import MeanAveragePrecision
-
-    # sync_on_compute=False: torchmetrics would otherwise all_gather its state over the default process group
-    # inside compute(); the images are already all here (one rank computes), and a collective on one rank hangs.
-    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", sync_on_compute=False)
-    if predictions:
-        metric.update(list(predictions), list(targets))
-        result = metric.compute()
-        values = {"map": float(result["map"]), "map50": float(result["map_50"]), "map75": float(result["map_75"])}
-    else:
-        values = {"map": math.nan, "map50": math.nan, "map75": math.nan}
-    # pycocotools reports -1 where no ground truth exists at all: undefined, as NaN.
-    return {k: (math.nan if v < 0 else v) for k, v in values.items()}
-
-
 class DetectionEvaluator:
     """Per-image predictions and ground truth, gathered once by index (see the module docstring)."""
 
@@ -82,14 +62,15 @@ class DetectionEvaluator:
             raise ValueError("detection evaluation reports mAP; a loss_fn does not apply (the models compute "
                              "their losses only in training mode)")
         self.context = context
-        self.rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+        self.rows: list[tuple[int, dict[str, torch.Tensor], CocoImageTruth]] = []
 
-    def process(self, outputs: list[dict[str, torch.Tensor]], targets: Sequence[dict[str, torch.Tensor]],
+    def process(self, outputs: list[dict[str, torch.Tensor]], targets: Sequence[dict[str, Any]],
                 indices: torch.Tensor) -> None:
-        """One batch: the model's detections and the ground truth of its images."""
+        """One batch: the model's detections and the COCO ground truth of its images."""
         if len(outputs) != len(targets):
             raise ValueError(f"the model returned {len(outputs)} detection lists for {len(targets)} images")
-        self.rows += [(int(i), _cpu_prediction(p), _cpu_target(t)) for i, p, t in zip(indices, outputs, targets)]
+        self.rows += [(int(i), _cpu_prediction(p), image_truth(int(i), t, self.context.num_classes))
+                      for i, p, t in zip(indices, outputs, targets)]
 
     def compute(self) -> dict[str, float]:
         """Every rank's rows gathered on rank 0, sorted by index, the mAP computed there once and broadcast: the
@@ -109,13 +90,17 @@ class DetectionEvaluator:
             raise RuntimeError(f"detection evaluation failed on rank 0: {value}")
         return value
 
-    def _metrics(self, rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> dict[str, float]:
-        """Rank 0: the exactly-once check, the export, the mAP of all images."""
+    def _metrics(self, rows: list[tuple[int, dict[str, torch.Tensor], CocoImageTruth]]) -> dict[str, float]:
+        """Rank 0: the exactly-once check, the export, COCO's evaluation of all images."""
         check_each_sample_once(torch.tensor([r[0] for r in rows], dtype=torch.int64), self.context.dataset_size)
+        results = [result for _, prediction, truth in rows for result in box_results(truth, prediction)]
         if self.context.export is not None:
             write_predictions_json(self.context.export / PREDICTIONS_JSON, [str(r[0]) for r in rows],
                                    [r[1] for r in rows], self.context.class_names or [], key="index")
-        return mean_average_precision([r[1] for r in rows], [r[2] for r in rows])
+            # json writes each float's shortest exact repr: COCOeval on this file reads the very numbers used here.
+            (self.context.export / COCO_RESULTS_JSON).write_text(json.dumps(results) + "\n")
+        metrics = coco_metrics(ground_truth([r[2] for r in rows], self.context.class_names), results, "bbox")
+        return {name: metrics[name] for name in Detection.metrics}
 
 
 def write_predictions_json(path: Path, names: list[str], predictions: list[dict[str, torch.Tensor]],
@@ -183,7 +168,7 @@ class Detection(Task):
         return f"{[len(o['boxes']) for o in outputs]} boxes per image"
 
     def evaluator(self, context: EvalContext) -> DetectionEvaluator:
-        """map, map50, map75 (COCO, torchmetrics)."""
+        """map, map50, map75 (COCO's evaluation, src/tasks/coco_evaluation.py)."""
         return DetectionEvaluator(context)
 
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],

@@ -28,7 +28,7 @@ from src.tasks.segmentation.options import SegmentationData, SegmentationOptions
 from src.tasks.segmentation.predictions import mask_names
 from src.tasks.segmentation.transforms import SEGMENTATION_DATA
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 
 
 def segmentation_logits(output: Any) -> torch.Tensor:

@@ -1,12 +1,12 @@
 """Exact distributed evaluation on real gloo groups: metrics and exports for world sizes 1, 2, 3 equal a
-one-process evaluation (each task's own evaluator: tests/tasks/<task>/; classification's here, the default).
+one-process evaluation, bit for bit (each task's own evaluator: tests/tasks/<task>/; classification's here, the
+default).
 
 The validation set is sized so that no world size divides it (101 classification samples), so the shards are
-uneven and ranks run different numbers of batches. Counted metrics (top-1/top-5) and the exported predictions
-are compared exactly (==): every sample is counted once. The float loss is compared to LOSS_RTOL: batch
-boundaries move with the world size and oneDNN chooses kernels by batch shape, thread count and CPU, so a
-sample's logits may differ in the last float32 bits (an ulp is 1.2e-7 relative); a sample counted twice or
-skipped moves the mean loss by ~1e-2.
+uneven and ranks run different numbers of batches. Everything is compared exactly (==, NaN == NaN), the float loss
+too: the batches are fixed blocks of dataset indices (EvalBatchSampler) and every rank evaluates with one CPU
+thread whatever it had before (ranks start with 1 or 2 here, as torchrun's defaults would differ), so each
+sample's logits are the same bits at any world size, and the evaluators reduce them in dataset order.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.samplers import ExactEvalSampler
+from src.data.samplers import EvalBatchSampler
 from src.engine.evaluation.evaluator import evaluate
 from tests.support.gloo import run_on_ranks
 
@@ -52,36 +52,33 @@ def tiny_classifier() -> nn.Module:
 
 
 def loader(dataset: Dataset, rank: int, world: int, batch_size: int) -> DataLoader:
-    """An exact-evaluation loader: the data package's contiguous uneven shards, no padding."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=ExactEvalSampler(len(dataset), rank, world))
+    """An exact-evaluation loader: the data package's fixed blocks of indices, whole blocks per rank, no padding."""
+    return DataLoader(dataset, batch_sampler=EvalBatchSampler(len(dataset), batch_size, rank, world))
 
 
 def evaluate_classification(rank: int, world: int, out_dir: str) -> dict:
     """Classification evaluation with its export; runs in each rank (or in the test)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     model = tiny_classifier()
     model.train()  # evaluate() must switch to eval and back
     metrics = evaluate(model, loader(ClsData(), rank, world, 8), "classification", NUM_CLASSES, "cpu",
-                       export=Path(out_dir) / "cls")
-    return {"cls": metrics, "training_after": model.training}
-
-
-LOSS_RTOL = 1e-6
-FLOAT_KEYS = ("loss",)  # means of float per-sample values; every other metric is a ratio of counts
+                       export=Path(out_dir) / "cls", threads=1)
+    return {"cls": metrics, "training_after": model.training, "threads_after": torch.get_num_threads()}
 
 
 def same(a: dict[str, float], b: dict[str, float]) -> bool:
-    """Counted metrics equal exactly (NaN equal to NaN), losses within LOSS_RTOL."""
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k]
-        or (k in FLOAT_KEYS and a[k] == pytest.approx(b[k], rel=LOSS_RTOL, abs=0.0)) for k in a)
+    """Every metric equal bit for bit (NaN equal to NaN)."""
+    return a.keys() == b.keys() and all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One process, no process group: the result every world size must reproduce."""
-    out = tmp_path_factory.mktemp("reference")
-    return evaluate_classification(0, 1, str(out)), out
+    out, threads = tmp_path_factory.mktemp("reference"), torch.get_num_threads()
+    try:
+        return evaluate_classification(0, 1, str(out)), out
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_reference_metrics_are_plausible(reference: tuple[dict, Path]) -> None:
@@ -100,6 +97,7 @@ def test_distributed_evaluation_equals_one_process(world: int, reference: tuple[
     for rank, res in enumerate(results):
         assert same(res["cls"], ref["cls"]), (rank, res["cls"], ref["cls"])
         assert res["training_after"] is True
+        assert res["threads_after"] == 1 + rank % 2, "the process's thread count is restored"
 
     # Exports: complete, in dataset order, and the same predictions as one process.
     preds = np.load(tmp_path / "cls" / "predictions.npy")

@@ -1,5 +1,5 @@
 """Segmentation's evaluator on real gloo groups: metrics and the mask export for world sizes 1, 2, 3 equal a
-one-process evaluation (tolerances: tests/engine/evaluation/test_evaluator.py); the export holds the model's
+one-process evaluation, bit for bit (tests/engine/evaluation/test_evaluator.py); the export holds the model's
 argmax; the loss is pixel-weighted; TensorBoard's panels.
 
 The validation set has 13 images of different sizes (no world size divides it): the shards are uneven and
@@ -71,18 +71,21 @@ def tiny_segmenter() -> nn.Module:
 
 def evaluate_segmentation(rank: int, world: int, out_dir: str) -> dict:
     """Segmentation evaluation with its export; runs in each rank (or in the test)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     model = tiny_segmenter()
     metrics = evaluate(model.eval(), loader(SegData(), rank, world, 1), "segmentation", NUM_SEG_CLASSES, "cpu",
-                       export=Path(out_dir) / "seg")
-    return {"seg": metrics, "training_after": model.training}
+                       export=Path(out_dir) / "seg", threads=1)
+    return {"seg": metrics, "training_after": model.training, "threads_after": torch.get_num_threads()}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One process, no process group: the result every world size must reproduce."""
-    out = tmp_path_factory.mktemp("reference")
-    return evaluate_segmentation(0, 1, str(out)), out
+    out, threads = tmp_path_factory.mktemp("reference"), torch.get_num_threads()
+    try:
+        return evaluate_segmentation(0, 1, str(out)), out
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_reference_metrics_are_plausible(reference: tuple[dict, Path]) -> None:
@@ -100,6 +103,7 @@ def test_distributed_evaluation_equals_one_process(world: int, reference: tuple[
     for rank, res in enumerate(results):
         assert same(res["seg"], ref["seg"]), (rank, res["seg"], ref["seg"])
         assert res["training_after"] is False
+        assert res["threads_after"] == 1 + rank % 2, "the process's thread count is restored"
 
     # The export: complete, in dataset order, each mask at its image's size, the same masks as one process.
     names = sorted(p.name for p in (tmp_path / "seg").iterdir())
