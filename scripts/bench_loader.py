@@ -26,9 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch  # noqa: E402
+from src.config import data_config  # noqa: E402
+from src.data import build_datasets, build_train_loader, set_loader_epoch  # noqa: E402
 from src.data import shapes  # noqa: E402
-from src.data.device_transforms import move_batch, prefetch  # noqa: E402
+from src.data.batch import Batch  # noqa: E402
+from src.data.device_transforms import prefetch  # noqa: E402
+from src.tasks import get_task  # noqa: E402
 
 KINDS = 4
 MODES = {  # name -> (data.device_transforms, data.decode_on_device)
@@ -56,13 +59,14 @@ def epoch(loader, number: int, move, device: torch.device, threaded: bool) -> tu
     sizes = []
 
     def counted():
-        for batch_images, targets in loader:
-            sizes.append(sum(t.numel() * t.element_size() for t in getattr(batch_images, "data", [batch_images])))
-            yield batch_images, targets
+        for batch in loader:
+            sizes.append(sum(t.numel() * t.element_size() for t in getattr(batch.images, "data", [batch.images])))
+            yield batch
 
     if move is None:
-        images = sum(len(getattr(batch_images, "data", batch_images)) for batch_images, _ in counted())
-    for batch_images, _ in (prefetch(counted(), move, device, threaded=threaded) if move is not None else ()):
+        images = sum(len(getattr(batch.images, "data", batch.images)) for batch in counted())
+    for batch in (prefetch(counted(), move, device, threaded=threaded) if move is not None else ()):
+        images += batch.images.shape[0]
         images += batch_images.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -91,16 +95,16 @@ def main() -> int:
     sizes: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         write_folder(Path(tmp), args.images, args.side)
-        cfg = DataConfig(name="imagefolder", root=tmp, image_size=args.crop, batch_size=args.batch_size,
-                         num_workers=args.workers, persistent_workers=True, num_classes=KINDS,
-                         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+        cfg = data_config(name="imagefolder", root=tmp, image_size=args.crop, batch_size=args.batch_size,
+                          num_workers=args.workers, persistent_workers=True, num_classes=KINDS,
+                          mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         runs = {}
         for mode, (on_device, decode) in MODES.items():
             cfg.device_transforms, cfg.decode_on_device = on_device, decode
-            bundle = build_datasets(cfg, seed=0, device_transforms=on_device)
+            bundle = build_datasets(cfg, get_task("classification").data, seed=0, device_transforms=on_device)
             loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=0)
             move = (None if args.loader_only else
-                    partial(move_batch, device=device, dtype=torch.float32, transform=bundle.device_transform))
+                    partial(Batch.to, device=device, dtype=torch.float32, transform=bundle.device_transform))
             runs[mode] = (loader, move, decode)
             epoch(loader, 0, move, device, decode)  # warm-up: workers started, files in the page cache, CUDA ready
         for r in range(args.rounds):

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from src.data import shapes  # noqa: E402
 from src.data.config import DataConfig  # noqa: E402
-from src.data.det_transforms import detection_train_transform  # noqa: E402
+from src.tasks.detection.transforms import detection_train_transform  # noqa: E402
 from src.data.seeded import SeededTransformDataset  # noqa: E402
 from src.data.shapes_datasets import ShapesDetection  # noqa: E402
 

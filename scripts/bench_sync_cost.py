@@ -81,14 +81,13 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
     from hydra import compose, initialize_config_dir
     from torch.nn.parallel import DistributedDataParallel
 
-    import src.config  # noqa: F401  (registers train_schema)
-    from src.tasks import get_task
-    from src.models.build import build_model, model_task
+    from src.config import validate_config
+    from src.models.build import build_model
 
     overrides, batch, size, _ = JOBS[job]
     norm = "bn" if config == "bn" else "syncbn"
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose("train", overrides=[*overrides, f"norm={norm}"])
+        cfg = validate_config(compose("train", overrides=[*overrides, f"norm={norm}"]))
     num_classes = cfg.data.num_classes or (6 if job == "cls" else 5)
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.norm, num_classes)
@@ -102,9 +101,7 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
                                     gradient_as_bucket_view=cfg.trainer.gradient_as_bucket_view,
                                     forward_sync_buffers=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    task = model_task(cfg.model)
-    loss_fn = get_task(task).loss(label_smoothing=0.0, ignore_index=255,
-                                  aux_weight=float(cfg.model.get("aux_loss_weight", 0.0) or 0.0))
+    loss_fn = cfg.task.loss(cfg.task.options(cfg))
     gen = torch.Generator().manual_seed(1 + int(os.environ["RANK"]))
     x = torch.randn(batch, 3, size, size, generator=gen)
     y = torch.randint(0, num_classes, (batch,) if job == "cls" else (batch, size, size), generator=gen)

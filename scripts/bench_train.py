@@ -75,10 +75,10 @@ def baseline_worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from src import comm, process_group
-    from src.config import TrainerConfig
+    from src.config import TrainerConfig, data_config
     from src.data import build_datasets, build_train_loader
-    from src.data.config import DataConfig
     from src.models import build_model
+    from src.tasks import get_task
     from src.models.config import ModelConfig, NormConfig
 
     device = torch.device("cpu")
@@ -86,9 +86,9 @@ def baseline_worker(args: argparse.Namespace) -> None:
     trainer = TrainerConfig()  # the trainer's own timeouts
     process_group.init_distributed(device, timeout_s=trainer.dist_timeout_s, init_timeout_s=trainer.dist_init_timeout_s)
     rank, world = comm.get_rank(), comm.get_world_size()
-    data_cfg = DataConfig(name="shapes", batch_size=args.batch, train_size=args.train_size, val_size=100,
-                          num_classes=8)
-    data = build_datasets(data_cfg, seed=0)
+    data_cfg = data_config(name="shapes", batch_size=args.batch, train_size=args.train_size, val_size=100,
+                           num_classes=8)
+    data = build_datasets(data_cfg, get_task("classification").data, seed=0)
     loader = build_train_loader(data.train, data_cfg, rank, world, seed=0)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=args.model), NormConfig(name=args.norm), data.num_classes)
@@ -97,7 +97,7 @@ def baseline_worker(args: argparse.Namespace) -> None:
     step, stamps, cpu = 0, {}, {}
     while step < args.steps:
         loader.batch_sampler.set_epoch(step)
-        for images, targets in loader:
+        for images, targets, _ in loader:
             loss = F.cross_entropy(ddp(images), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()

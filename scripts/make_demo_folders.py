@@ -1,7 +1,8 @@
-"""Write the example image folders that docs/data.md trains and predicts on: demo/classify (6,600 JPEGs in class
-folders) and, for segmentation, demo/segment (2,300 image/mask pairs); 46 MB in all.
+"""Write the example image folders that docs/data.md trains and predicts on: one tree per dataset that reads
+such a tree (src/data/demo_folders.py), e.g. demo/classify (6,600 JPEGs in class folders for data=imagefolder).
 
     python scripts/make_demo_folders.py demo
+    python scripts/make_demo_folders.py demo --train 8 --val 2     # small trees (per class for class folders)
 """
 import argparse
 import sys
@@ -9,26 +10,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's src/
 
-from src.data.demo_folders import write_classify, write_segment  # noqa: E402
+import src.data  # noqa: E402,F401  (registers every dataset, and with them their example trees)
+from src.data.demo_folders import demo_folders  # noqa: E402
 
 
 def main() -> None:
-    """Parse the output folder and the sizes, write both trees, say where they are."""
+    """Parse the output folder and the sizes, write every tree, say where each is."""
+    demos = demo_folders()
+    sizes = "; ".join(f"{d.folder}: {d.train} / {d.val} {d.unit}" for d in demos.values())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="folder to write the example folders into")
-    parser.add_argument("--train-per-class", type=int, default=1000, help="classify: training images per class")
-    parser.add_argument("--val-per-class", type=int, default=100, help="classify: validation images per class")
-    # part: segmentation
-    parser.add_argument("--train-images", type=int, default=2000, help="segment: training image/mask pairs")
-    parser.add_argument("--val-images", type=int, default=300, help="segment: validation image/mask pairs")
-    # /part
+    parser.add_argument("--train", type=int, help=f"training size of every tree (defaults: {sizes})")
+    parser.add_argument("--val", type=int, help="validation size of every tree, in the same units")
     args = parser.parse_args()
-    classify = write_classify(args.out, args.train_per_class, args.val_per_class)
-    print(f"wrote {classify} (data=imagefolder data.root={classify})")
-    # part: segmentation
-    segment = write_segment(args.out, args.train_images, args.val_images)
-    print(f"wrote {segment} (data=segfolder data.root={segment})")
-    # /part
+    for name, demo in demos.items():
+        root = demo.write(args.out, args.train or demo.train, args.val or demo.val, 0)
+        print(f"wrote {root} (data={name} data.root={root})")
 
 
 if __name__ == "__main__":

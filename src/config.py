@@ -1,9 +1,10 @@
 """Top-level structured config: the schema conf/train.yaml is checked against, and validate_config().
 
 The data, model and norm groups own their dataclasses (src/data/config.py, src/models/config.py);
-this module owns optim/sched/trainer and the top level, registers everything in Hydra's ConfigStore
-as `train_schema`, and runs every check before any process group starts, so a typo fails fast on
-every rank with a message that names the key instead of hanging a job.
+this module owns optim/sched/trainer and the top level, adds the tasks' own keys to the groups they extend
+(Task.config_options), registers everything in Hydra's ConfigStore as `train_schema`, and runs every check
+before any process group starts, so a typo fails fast on every rank with a message that names the key
+instead of hanging a job.
 """
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from src.data import dataset_task
-from src.data.config import DataConfig
+from src.data import DATASETS, dataset_task
+from src.data.config import DataConfig, data_schema
+from src.dataclass_config import Owned, extend, foreign_settings
 from src.local_gpus import check_processes_fit_gpus
-from src.models.config import ModelConfig, NormConfig, check_model_norm
-from src.tasks import Task, get_task
+from src.models.config import NormConfig, check_model_norm, model_schema
+from src.models.registry import MODELS
+from src.tasks import Task, all_tasks, get_task
 from src.tracker_config import TrackerConfig
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -109,7 +112,7 @@ class EarlyStopConfig:
     # A validation metric as metrics.jsonl's val rows name it (top1, miou, loss, ema_top1, iou_<class>),
     # optionally written with TensorBoard's prefix: val/top1.
     metric: Optional[str] = None
-    mode: str = "auto"  # max | min; auto: min for loss, max for every other metric
+    mode: str = "auto"  # max | min; auto: the way the task says the metric improves (min for loss, max for top1)
     patience: int = 5  # evaluations without improvement before stopping
     min_delta: float = 0.0  # an improvement must beat the best by more than this
 
@@ -136,10 +139,9 @@ class EarlyStopConfig:
         """The metric's key in the evaluation's dict (the val/ prefix removed)."""
         return (self.metric or "").removeprefix("val/")
 
-    @property
-    def higher_is_better(self) -> bool:
-        """mode=max, or auto for anything but a loss."""
-        return self.mode == "max" or (self.mode == "auto" and Task.higher_is_better(self.name))
+    def higher_is_better(self, task: Task) -> bool:
+        """mode=max, or mode=auto and `task` declares that the metric rises."""
+        return self.mode == "max" or (self.mode == "auto" and task.higher_is_better(self.name))
 
 
 @dataclass
@@ -155,9 +157,6 @@ class TrainerConfig:
     amp: str = "none"
     channels_last: bool = False
     grad_clip_norm: Optional[float] = None
-    label_smoothing: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
     ema: bool = False
     ema_decay: float = 0.999
     eval_every: int = 1
@@ -177,6 +176,10 @@ class TrainerConfig:
     broadcast_buffers: bool = False
     norm_buffer_sync: str = "reduce"
     num_threads: int = 0
+    # Intra-op CPU threads of every process while it evaluates or predicts (then num_threads' count again): one
+    # number for every world size, so evaluation is bitwise the same at any W (docs/evaluation.md); 0 = keep
+    # num_threads' count, which depends on the processes per node.
+    eval_num_threads: int = 1
     progress_bar: bool = True
     tensorboard: bool = True
     # torch.compile the forward module (after DDP wrapping); evaluation runs the same compiled model in
@@ -211,10 +214,6 @@ class TrainerConfig:
                              f"{self.amp}, not float64; set trainer.amp=none (or trainer.dtype=float32)")
         if self.grad_clip_norm is not None:
             _positive("trainer.grad_clip_norm", self.grad_clip_norm)
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        _non_negative("trainer.mixup_alpha", self.mixup_alpha)
-        _non_negative("trainer.cutmix_alpha", self.cutmix_alpha)
         if not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}")
         _positive("trainer.eval_every", self.eval_every)
@@ -230,11 +229,29 @@ class TrainerConfig:
         _one_of("trainer.norm_buffer_sync", self.norm_buffer_sync, BUFFER_SYNC)
         _one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         _non_negative("trainer.num_threads", self.num_threads)
+        _non_negative_int("trainer.eval_num_threads", self.eval_num_threads)
         _non_negative_int("trainer.precise_bn_batches", self.precise_bn_batches)
         _non_negative_int("trainer.precise_bn_every", self.precise_bn_every)
         if self.precise_bn_every and not self.precise_bn_batches:
             raise ValueError(f"trainer.precise_bn_every={self.precise_bn_every} needs trainer.precise_bn_batches > 0 "
                              "(the number of training batches per process to recompute BatchNorm statistics on)")
+
+
+def task_options(group: str) -> list[Owned]:
+    """(task name, its option dataclass) of every registered task that adds keys to config group `group`."""
+    return [(task.name, task.config_options[group]) for task in all_tasks() if group in task.config_options]
+
+
+# The groups' schemas: each core dataclass with the options its owners declare in their own files (the tasks'
+# src/tasks/<task>/options.py, the datasets' and model families' registrations): src/dataclass_config.py.
+DataSchema = extend(data_schema(), task_options("data"))
+ModelSchema = model_schema()
+TrainerSchema = extend(TrainerConfig, task_options("trainer"))
+
+
+def data_config(**values: Any) -> DataConfig:
+    """A `data` group config with every dataset's and task's options (for code and tests that build one)."""
+    return DataSchema(**values)
 
 
 @dataclass
@@ -243,14 +260,23 @@ class TrainConfig:
 
     seed: int = 0
     device: str = "auto"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSchema = field(default_factory=ModelSchema)
     norm: NormConfig = field(default_factory=NormConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSchema = field(default_factory=DataSchema)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
     # Experiment trackers (conf/tracker/); conf/train.yaml selects tracker=tensorboard by default.
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+
+    @property
+    def task(self) -> Task:
+        """The run's task (src/tasks/), resolved once by validate_config from model.name (data.name agrees)."""
+        task = self.__dict__.get("_task")
+        if task is None:
+            raise ValueError("this TrainConfig did not come from validate_config, which resolves the run's task: "
+                             "pass it through src.config.validate_config first")
+        return task
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -320,12 +346,15 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
             check_processes_fit_gpus(typed.device)
         except RuntimeError as err:
             raise ValueError(str(err)) from None
+    if typed.model.name in MODELS and typed.data.name in DATASETS:
+        _resolve_task(typed)  # a model and a dataset of two tasks: said first, before either's options
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.tracker):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
     # not at the first forward.
     typed.norm.validate(typed.device, world_size=world_size)
     check_model_norm(typed.model, typed.norm)
+    typed.__dict__["_task"] = _resolve_task(typed)  # once; config.task hands it down (not a config key)
     _check_across_groups(typed)
     return typed
 
@@ -335,32 +364,42 @@ def config_dict(config: TrainConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)  # type: ignore[return-value]
 
 
-def task_of(cfg: DictConfig | TrainConfig) -> str:
-    """The name of the run's task (src/tasks/), from the model (the data must agree: see validate_config)."""
-    from src.models import model_task
-
-    return model_task(cfg.model)
-
-
-def best_metric_of(cfg: DictConfig | TrainConfig) -> str:
+def best_metric_of(cfg: TrainConfig) -> str:
     """The metric that ranks best-k checkpoints (resolves trainer.best_metric=auto)."""
     if cfg.trainer.best_metric != "auto":
         return cfg.trainer.best_metric
-    return get_task(task_of(cfg)).default_metric
+    return cfg.task.default_metric
 
 
-def _check_across_groups(cfg: TrainConfig) -> None:
-    name = task_of(cfg)
+def _resolve_task(cfg: TrainConfig) -> Task:
+    """The registered task of the model, which the dataset must share; ValueError naming both otherwise."""
+    name = MODELS.get(cfg.model.name).task
     data_task = dataset_task(cfg.data.name)
     if name != data_task:
         raise ValueError(
             f"model.name={cfg.model.name} is a {name} model but data.name={cfg.data.name} is a "
-            f"{data_task} dataset; pick a matching pair (e.g. data=shapes_seg for deeplab models)"
+            f"{data_task} dataset; pick a {name} dataset (data={','.join(DATASETS.names(name)) or 'none registered'}) "
+            f"or a {data_task} model (model={','.join(MODELS.names(data_task)) or 'none registered'})"
         )
-    task = get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
+    return get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
+
+
+def _check_task_options(cfg: TrainConfig) -> None:
+    """Another task's option set away from its default is refused: nothing in this run would read it."""
+    task = cfg.task
+    for group in ("data", "trainer"):
+        for key, value, owners in foreign_settings(getattr(cfg, group), task_options(group), {task.name}):
+            raise ValueError(f"{group}.{key} applies to {' and '.join(owners)} only; this run is {task.name} "
+                             f"(model={cfg.model.name}, data={cfg.data.name}): remove {group}.{key}={value!r}")
+
+
+def _check_across_groups(cfg: TrainConfig) -> None:
+    task, name = cfg.task, cfg.task.name
+    _check_task_options(cfg)
     metric = best_metric_of(cfg)
     if metric not in task.metrics:
-        raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {task.metrics} or auto")
+        raise ValueError(f"trainer.best_metric={metric!r} is not a {name} metric; use one of {tuple(task.metrics)} "
+                         "or auto")
     cfg.trainer.early_stop.validate(task, ema=cfg.trainer.ema)
     task.validate(cfg)
     if cfg.device == "cpu" and cfg.trainer.amp == "fp16":

@@ -14,9 +14,6 @@ import torch
 from tests.support import gloo, process_state
 
 from tests.support.trained_runs import trained_cls_run  # noqa: F401  (session fixtures)
-# part: segmentation
-from tests.support.trained_runs import trained_seg_run  # noqa: F401
-# /part
 
 TESTS = Path(__file__).resolve().parent
 # Folders whose files share session fixtures that take minutes (the docker image, the reference torchrun

@@ -2,12 +2,15 @@
 trainings, the demo folders, a few new images (tests/test_docs.py makes them once per session)."""
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 from tests.docs_runner import DocsRunner
 
 ONE_THREAD = ["trainer.num_threads=1"]
+TESTS = Path(__file__).resolve().parent
 
 
 def _train_checkpoint(runner: DocsRunner, root: Path, name: str, overrides: list[str], timeout_s: float) -> None:
@@ -19,22 +22,20 @@ def _train_checkpoint(runner: DocsRunner, root: Path, name: str, overrides: list
     assert proc.returncode == 0, proc.output[-6000:]
 
 
+def task_recipes() -> dict[str, ModuleType]:
+    """Each task's tests/tasks/<task>/docs.py (CHECKPOINT, PAGES, PATH_HINTS), by task: its documentation's
+    commands get that checkpoint; the others get the default (classification) run's."""
+    return {path.parent.name: importlib.import_module(f"tests.tasks.{path.parent.name}.docs")
+            for path in sorted((TESTS / "tasks").glob("*/docs.py"))}
+
+
 def build_fixtures(runner: DocsRunner, root: Path, timeout_s: float) -> None:
-    """Each task's checkpoint, the demo folders and a few images under `root`."""
+    """Each task's checkpoint (the default run's in root/default), the demo folders and a few images under `root`."""
     small = ["data.train_size=16", "data.val_size=8", "data.batch_size=4", "data.eval_batch_size=4"]
-    _train_checkpoint(runner, root, "cls", small, timeout_s)
-    # part: segmentation
-    _train_checkpoint(runner, root, "seg", ["experiment=shapes_seg_deeplabv3plus", *small, "trainer.amp=none"],
-                      timeout_s)
-    # /part
-    # part: detection
-    _train_checkpoint(runner, root, "det", ["experiment=shapes_det", *small, "data.image_size=64",
-                                            "model.head_channels=64"], timeout_s)
-    # /part
-    demo_args = [str(root / "demo"), "--train-per-class", "6", "--val-per-class", "1"]
-    # part: segmentation
-    demo_args += ["--train-images", "32", "--val-images", "3"]
-    # /part
+    _train_checkpoint(runner, root, "default", small, timeout_s)
+    for task, recipe in task_recipes().items():
+        _train_checkpoint(runner, root, task, [recipe.CHECKPOINT[0], *small, *recipe.CHECKPOINT[1:]], timeout_s)
+    demo_args = [str(root / "demo"), "--train", "32", "--val", "3"]  # per class for the class folders
     demo = runner.run("scripts/make_demo_folders.py", demo_args, root, timeout_s)
     assert demo.returncode == 0, demo.output[-3000:]
     images = root / "images"  # new images for predict.py: a few of the demo's validation JPEGs

@@ -135,18 +135,6 @@ def test_wrong_type_names_the_key() -> None:
         validate_config(_compose(["trainer.epochs=ten"]))
 
 
-# part: segmentation
-def test_segmentation_model_with_classification_data_is_refused() -> None:
-    with pytest.raises(ValueError, match="model.name=deeplabv3_resnet18.*data.name=shapes"):
-        validate_config(_compose(["model=deeplabv3_resnet18"]))
-
-
-def test_mixup_on_segmentation_is_refused() -> None:
-    with pytest.raises(ValueError, match="mixup_alpha"):
-        validate_config(_compose(["model=deeplabv3_resnet18", "data=shapes_seg", "trainer.mixup_alpha=0.2"]))
-# /part
-
-
 def test_activation_checkpointing_refuses_compile_and_unknown_torchvision_stages() -> None:
     on = "trainer.activation_checkpointing=true"
     assert validate_config(_compose([on])).trainer.activation_checkpointing is True

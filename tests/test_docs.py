@@ -10,8 +10,8 @@ interpreter's shutdown), which saves each command the interpreter's, torch's and
 that hangs, is killed or leaves processes running fails whatever it printed (tests/docs_runner.py). What a
 test cannot have is handled as a user would meet it:
 - checkpoints (`ckpt=outputs/RUN/...`, `ckpt=...`) are a short real training's, placed at the written path
-  (a segmentation run's for the segmentation page and paths naming `segment`, a detection run's for the
-  detection page, a classification run's otherwise);
+  (a task's run for the pages and paths its tests/tasks/<task>/docs.py names, the default classification run's
+  otherwise);
   `input=` folders and files are written from the embedded shapes data; `demo/` is scripts/make_demo_folders.py's;
 - data and weights on disk that no test has (`data.root=/data/imagenet`, `model.backbone_weights=/weights/...`,
   `data.root=my_photos`) must make the command fail, and the failure must name the missing path: a typo in a
@@ -34,7 +34,7 @@ from typing import Iterator
 import pytest
 
 from tests.docs_commands import DOC_FILES, REPO, DocCommand, documented_commands
-from tests.docs_fixtures import build_fixtures
+from tests.docs_fixtures import build_fixtures, task_recipes
 from tests.support.shared_dir import made_once
 from tests.docs_runner import DocsRunner, Result
 
@@ -86,7 +86,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory, weight_cache: Path) -> Iter
 def fixtures(tmp_path_factory: pytest.TempPathFactory, runner: DocsRunner) -> dict[str, Path]:
     """What the documented commands expect to find: a checkpoint per task, demo folders, images."""
     root = made_once(tmp_path_factory, "doc_fixtures", lambda folder: build_fixtures(runner, folder, TIMEOUT_S))
-    return {**{task: root / task / "checkpoints" / "last.pt" for task in ("cls", "seg", "det")},
+    return {**{task: root / task / "checkpoints" / "last.pt" for task in ("default", *task_recipes())},
             "demo": root / "demo", "images": root / "images"}
 
 
@@ -101,8 +101,9 @@ def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[
         if key == "data.download":
             arg = "data.download=false"
         elif key == "ckpt":
-            task = ("seg" if "segmentation" in command.where or "segment" in value else
-                    "det" if "detection" in command.where else "cls")
+            page = command.where.split(":")[0]
+            task = next((t for t, r in task_recipes().items()
+                         if page in r.PAGES or any(hint in value for hint in r.PATH_HINTS)), "default")
             target = cwd / ("ckpt.pt" if value == "..." else value)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(fixtures[task], target)
@@ -171,9 +172,7 @@ def test_commands_are_found() -> None:
     """The extraction sees the commands of every page that shows some (a broken parser would pass vacuously)."""
     pages = {c.where.split(":")[0] for c in COMMANDS}
     expected = {"README.md", "docs/training.md", "docs/data.md", "docs/evaluation.md"}
-    # part: segmentation
-    expected.add("docs/segmentation.md")
-    # /part
+    expected |= {page for recipe in task_recipes().values() for page in recipe.PAGES}
     assert expected <= pages
     assert {"train.py", "evaluate.py", "predict.py"} <= {c.script for c in COMMANDS}
 

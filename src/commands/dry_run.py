@@ -13,29 +13,30 @@ from torch import nn
 
 from src import comm
 from src.commands.trained_run import TrainedRun
+from src.data.batch import Batch, as_batch
+from src.data.device_transforms import DeviceTransform
 from src.models import count_norm_layers
 from src.precision import autocast, model_dtype
-from src.tasks import Task, get_task
+from src.tasks import Task
 
 
-def forward_one_batch(module: nn.Module, images: Any, task: Task, *, device: torch.device, amp: str,
-                      channels_last: bool, targets: Any = None,
-                      loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None) -> dict[str, Any]:
-    """One forward of `images` through `module` in its current mode, without gradients; shapes and loss.
+def forward_one_batch(module: nn.Module, batch: Batch, task: Task, *, device: torch.device, amp: str,
+                      channels_last: bool, loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
+                      transform: Optional[DeviceTransform] = None) -> dict[str, Any]:
+    """One forward of `batch` (moved as the trainer moves it, with `transform`) through `module` in its current
+    mode, without gradients; shapes and loss.
 
-    Training mode runs the task's training forward (with `targets`), eval mode its evaluation forward. Every
+    Training mode runs the task's training forward (with the targets), eval mode the model on the images. Every
     rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this rank's
     own: the dry run reduces nothing.
     """
-    images = task.move_images(images, device, model_dtype(module))
-    if channels_last and isinstance(images, torch.Tensor):
-        images = images.contiguous(memory_format=torch.channels_last)
+    batch = batch.to(device, model_dtype(module), transform=transform)
+    if channels_last:
+        batch = batch.channels_last()
     with torch.no_grad(), autocast(amp, device):
-        outputs = (task.forward(module, images, targets) if module.training else task.eval_forward(module, images))
-        loss = loss_fn(outputs, targets) if loss_fn is not None and targets is not None else None
-    described = (str(tuple(images.shape)) if isinstance(images, torch.Tensor)
-                 else f"{len(images)} image(s), the first {tuple(images[0].shape) if len(images) else ()}")
-    result: dict[str, Any] = {"input": described, "output": task.describe_output(outputs)}
+        outputs = task.forward(module, batch.images, batch.targets) if module.training else module(batch.images)
+        loss = loss_fn(outputs, batch.targets) if loss_fn is not None and batch.targets is not None else None
+    result: dict[str, Any] = {"input": batch.describe(), "output": task.describe_output(outputs)}
     if loss is not None:
         value = float(loss)
         if not torch.isfinite(torch.tensor(value)):
@@ -60,12 +61,12 @@ def trained_run_facts(trained: TrainedRun, loader: Any, action: str) -> dict[str
     batch = next(iter(loader), None)
     shape = "none (empty shard)"
     if batch is not None:
-        out = forward_one_batch(trained.model, batch[0], get_task(trained.task), device=trained.device,
+        out = forward_one_batch(trained.model, as_batch(batch), trained.task, device=trained.device,
                                 amp=config.trainer.amp, channels_last=config.trainer.channels_last)
         shape = f"input {out['input']} -> output {out['output']}"
     return {
         "checkpoint": f"{trained.path} (epoch {trained.epoch}, step {trained.step}, {trained.weights} weights)",
-        "model": f"{config.model.name} ({trained.task}, {len(trained.class_names)} classes), trained with "
+        "model": f"{config.model.name} ({trained.task.name}, {len(trained.class_names)} classes), trained with "
                  f"norm={trained.trained_norm}, {action} with norm={config.norm.name}",
         **model_facts(trained.model),
         "world size": f"{comm.get_world_size()} process(es) on {trained.device}",

@@ -37,9 +37,11 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         if device.type == "cpu":  # as in training: this process's share of the node's cores
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        bundle = build_datasets(config.data, seed=config.seed)  # downloads once per node (zero_first inside)
+        task = trained.task
+        bundle = build_datasets(config.data, task.data, seed=config.seed)  # downloads once per node (zero_first inside)
         _check_class_count(trained, bundle)
-        loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size())
+        loader = build_eval_loader(bundle.val, config.data, comm.get_rank(), comm.get_world_size(),
+                                   collate=task.data.collate)
         try:
             return _evaluate(cfg, trained, bundle, loader)
         finally:  # the loader workers end here, also on an error (src/data/closable_loader.py says why)
@@ -56,7 +58,7 @@ def _evaluate(cfg: DictConfig, trained: TrainedRun, bundle: DataBundle, loader: 
         _dry_run(trained, bundle, loader)
         return {}
     metrics = evaluate(trained.model, loader, trained.task, bundle.num_classes, device, amp=config.trainer.amp,
-                       ignore_index=bundle.ignore_index, export=cfg.export, class_names=list(bundle.class_names))
+                       export=cfg.export, class_names=list(bundle.class_names), threads=config.trainer.eval_num_threads)
     if comm.is_main_process():
         record = {"split": "val", "epoch": trained.epoch, "step": trained.step, **metrics,
                   "checkpoint": str(trained.path), "weights": trained.weights,
@@ -83,8 +85,8 @@ def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:
 def _dry_run(trained: TrainedRun, bundle: DataBundle, loader: Any) -> None:
     """trainer.dry_run: one batch of this rank's shard through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "evaluated")
-    facts["data"] = (f"{trained.config.data.name}: {len(bundle.val)} val samples, {loader.batch_size} per batch, "
-                     f"{len(loader)} batch(es) on rank 0")
+    facts["data"] = (f"{trained.config.data.name}: {len(bundle.val)} val samples, "
+                     f"{loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) on rank 0")
     print_summary("evaluate.py", facts)
 
 

@@ -18,7 +18,7 @@ keeps them symbolic unless the model fixes them, as a ViT's position embedding d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from omegaconf import DictConfig
@@ -35,30 +35,30 @@ MIN_EXAMPLE_BATCH = 2
 
 
 class LogitsOnly(nn.Module):
-    """The model with one tensor output: a segmenter's {"out": ..., "aux": ...} becomes its "out"."""
+    """The model with one tensor output, the one its task exports (a segmenter's {"out", "aux"}: its "out")."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, output: Callable[[Any], torch.Tensor]) -> None:
         super().__init__()
         self.model = model
+        self.output = output  # Task.export_output
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits of a normalised image batch."""
-        out = self.model(images)
-        return out["out"] if isinstance(out, dict) else out
+        return self.output(self.model(images))
 
 
 def run(cfg: DictConfig) -> Path:
     """Export cfg.ckpt's model to cfg.out in cfg.format; returns the written file."""
     ckpt, fmt, out = check_arguments(cfg)
     trained = load_trained_model(ckpt, ema=bool(cfg.ema))
-    model = inference_module(trained.model)
-    size = int(cfg.image_size) if cfg.get("image_size") else example_size(trained.config, trained.task)
+    model = inference_module(trained.model, trained.task.export_output)
+    size = int(cfg.image_size) if cfg.get("image_size") else trained.task.export_size(trained.config.data)
     batch = int(cfg.batch_size)
     dtype = next(model.parameters()).dtype
     example = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     EXPORTERS[fmt](model, example, out)
-    print(f"exported {trained.path} ({trained.task}, {len(trained.class_names)} classes) as {fmt}: {out}; "
+    print(f"exported {trained.path} ({trained.task.name}, {len(trained.class_names)} classes) as {fmt}: {out}; "
           f"input: float [N, 3, H, W] normalised with mean={list(trained.config.data.mean)} "
           f"std={list(trained.config.data.std)}", flush=True)
     return out
@@ -100,9 +100,9 @@ def check_arguments(cfg: DictConfig) -> tuple[Path, str, Path]:
     return ckpt, fmt, out
 
 
-def inference_module(model: nn.Module) -> nn.Module:
+def inference_module(model: nn.Module, output: Callable[[Any], torch.Tensor] = lambda out: out) -> nn.Module:
     """The model with SyncBatchNorm layers reverted to BatchNorm (the same tensors: `model` itself is changed),
-    wrapped to one output, in eval mode."""
+    wrapped to the one output `output` picks (the task's export_output), in eval mode."""
     from src.syncbn import revert_sync_batchnorm
 
     model = revert_sync_batchnorm(model)
@@ -110,14 +110,7 @@ def inference_module(model: nn.Module) -> nn.Module:
                    or type(m).__module__.startswith("src.syncbn")})
     if left:
         raise RuntimeError(f"{left} left in the model after revert_sync_batchnorm: cannot export it")
-    return LogitsOnly(model).eval()
-
-
-def example_size(train_cfg: DictConfig, task: str) -> int:
-    """The side of the example image: what the model was trained on (the task says which crop that is)."""
-    from src.tasks import get_task
-
-    return get_task(task).export_size(train_cfg.data)
+    return LogitsOnly(model, output).eval()
 
 
 def dynamic_shapes() -> dict[str, dict[int, Any]]:

@@ -2,46 +2,70 @@
 
 Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous shard
-(ExactEvalSampler: every image exactly once), predict, gather to rank 0, and write there (nothing with
-trainer.dry_run=true). Each image goes through the task's predict transform (src/data/task_data.py), and
-the task decides what is written (Task.predict in src/tasks/):
-- classification: the top-k classes and softmax probabilities -> out/predictions.csv;
-- segmentation: each image at its own size, the argmax per pixel -> one palette PNG per input, at the
-  input's size (src.data.palette.save_mask_png, as evaluate.py's export).
+(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous run of
+fixed batches (EvalBatchSampler: every image exactly once, in the same batch at any world size), predict with
+trainer.eval_num_threads CPU threads, gather to rank 0, and write there (nothing with trainer.dry_run=true). Each
+image goes through the task's predict transform and collation (its TaskData), and the task decides what is written
+(Task.predict, with its own options: Task.predict_options, e.g. topk; the table of what each task writes is
+docs/tasks.md's).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
 import torch
-from omegaconf import DictConfig
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
-from src.data import ClosableLoader, ExactEvalSampler, close_loaders
-from src.data.config import coerce
+from src.data import Batch, ClosableLoader, EvalBatchSampler, close_loaders, collate_stacked
 from src.data.image_files import read_sample
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
-from src.engine.cpu_threads import configure_threads
+from src.engine.cpu_threads import configure_threads, fixed_threads
 from src.precision import autocast, model_dtype
-from src.tasks import Task, get_task
+from src.dataclass_config import extend, foreign_settings
+from src.tasks import Task, all_tasks
 from src.tasks.predict_io import ImageFiles, list_inputs
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
 
 
+@dataclass
+class PredictConfig:
+    """predict.py's keys (conf/predict.yaml); each task adds its own (Task.predict_options: topk, draw, ...)."""
+
+    ckpt: Optional[str] = None
+    input: Optional[str] = None
+    out: Optional[str] = None
+    batch_size: int = 32
+    num_workers: int = 2
+    ema: bool = False
+    # Overrides of the stored training config (trained_run.overrides_of): non-null keys replace the checkpoint's.
+    device: Optional[str] = None
+    data: Dict[str, Any] = field(default_factory=dict)
+    model: Dict[str, Any] = field(default_factory=dict)
+    norm: Dict[str, Any] = field(default_factory=dict)
+    trainer: Dict[str, Any] = field(default_factory=dict)
+
+
+PredictSchema = extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
+ConfigStore.instance().store(name="predict_schema", node=PredictSchema)
+
+
 def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
     source, out_dir = _paths(cfg)
-    if int(cfg.topk) < 1 or int(cfg.batch_size) < 1:
-        raise ValueError(f"topk and batch_size must be >= 1, got topk={cfg.topk}, batch_size={cfg.batch_size}")
+    if int(cfg.batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got batch_size={cfg.batch_size}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
+    options = _task_options(cfg, trained.task)
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     owns_group = not comm.is_initialized()
@@ -50,16 +74,16 @@ def run(cfg: DictConfig) -> Path:
     try:
         if device.type == "cpu":
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        task = get_task(trained.task)
+        task = trained.task
         loader = _loader(config, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
         try:
             if config.trainer.dry_run:
                 _dry_run(trained, loader, len(relative), out_dir)
                 return out_dir
-            written = task.predict(loader, partial(_forward, trained, task), files=relative, out_dir=out_dir,
-                                   class_names=list(trained.class_names), topk=int(cfg.topk),
-                                   batch_count=len(loader), draw=bool(cfg.get("draw", False)),
-                                   score_threshold=float(cfg.get("score_threshold", 0.0)))
+            with fixed_threads(config.trainer.eval_num_threads if device.type == "cpu" else 0):
+                written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
+                                       class_names=list(trained.class_names), batch_count=len(loader),
+                                       options=options)
         finally:  # the loader workers end here, also on an error (src/data/closable_loader.py says why)
             close_loaders(loader)
         comm.barrier()
@@ -67,6 +91,17 @@ def run(cfg: DictConfig) -> Path:
     finally:
         if owns_group:
             process_group.destroy()
+
+
+def _task_options(cfg: DictConfig, task: Task) -> Any:
+    """The checkpoint's task's predict.py options (validated); another task's set away from its default is
+    refused: nothing would read it."""
+    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
+    parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
+    for key, value, owners in foreign_settings(values, parts, {task.name}):
+        raise ValueError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
+                         f"{task.name}: remove {key}={value!r}")
+    return task.predict_settings(values)
 
 
 def _paths(cfg: DictConfig) -> tuple[Path, Path]:
@@ -79,15 +114,17 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
 
 def _loader(config: TrainConfig, task: Task, base: Path, relative: list[Path], batch_size: int,
             num_workers: int) -> ClosableLoader:
-    """This rank's contiguous shard of the inputs, through the task's predict transform and batch size."""
-    dataset = _Inputs(ImageFiles(base, relative, task.data.predict(coerce(config.data))), base)
+    """This rank's run of fixed batches of the inputs (EvalBatchSampler) as Batches (no targets), through the
+    task's predict transform, collation and batch size."""
+    dataset = _Inputs(ImageFiles(base, relative, task.data.predict(config.data)), base)
     kwargs: dict[str, Any] = {"num_workers": num_workers}
     if num_workers > 0:
         kwargs["persistent_workers"] = False
-    if task.data.collate is not None:  # e.g. detection: a list of images, each at its own size
-        kwargs["collate_fn"] = task.data.collate
-    return ClosableLoader(dataset, batch_size=task.predict_batch_size(batch_size), drop_last=False,
-                          sampler=ExactEvalSampler(len(dataset), comm.get_rank(), comm.get_world_size()), **kwargs)
+    # Fixed blocks of inputs per batch (EvalBatchSampler): each image meets the same neighbours, so the same
+    # padding and arithmetic, at any world size.
+    sampler = EvalBatchSampler(len(dataset), task.predict_batch_size(batch_size), comm.get_rank(),
+                               comm.get_world_size())
+    return ClosableLoader(dataset, batch_sampler=sampler, collate_fn=task.data.collate or collate_stacked, **kwargs)
 
 
 class _Inputs(Dataset):
@@ -103,19 +140,20 @@ class _Inputs(Dataset):
         return read_sample(self.files, index, self.where)
 
 
-def _forward(trained: TrainedRun, task: Task, images: Any) -> Any:
+def _forward(trained: TrainedRun, batch: Batch) -> Any:
     """The model's eval outputs for a batch of inputs, on the run's device and dtype, under its autocast."""
     settings = trained.config.trainer
-    images = task.move_images(images, trained.device, model_dtype(trained.model))
-    if settings.channels_last and isinstance(images, torch.Tensor):  # tasks of image lists refuse channels_last
-        images = images.contiguous(memory_format=torch.channels_last)
+    batch = batch.to(trained.device, model_dtype(trained.model))
+    if settings.channels_last:
+        batch = batch.channels_last()
     with torch.inference_mode(), autocast(settings.amp, trained.device):
-        return task.eval_forward(trained.model, images)
+        return trained.model(batch.images)
 
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
     """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "predicting")
-    facts["inputs"] = f"{inputs} image(s), {loader.batch_size} per batch, {len(loader)} batch(es) on rank 0"
+    facts["inputs"] = (f"{inputs} image(s), {loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) "
+                       "on rank 0")
     facts["out"] = f"{out_dir} (not written: dry run)"
     print_summary("predict.py", facts)

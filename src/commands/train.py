@@ -14,13 +14,12 @@ import torch
 from omegaconf import DictConfig
 
 from src import comm, process_group
-from src.config import TrainConfig, best_metric_of, config_dict, task_of, validate_config
+from src.config import TrainConfig, best_metric_of, config_dict, validate_config
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader, close_loaders
 from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
 from src.engine.amp import PRECISIONS, build_scaler
-from src.engine.batch_mix import build_mix
 from src.engine.checkpoint.files import CheckpointSaver, checkpoint_dir
 from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.early_stop_hook import EarlyStopHook
@@ -47,7 +46,7 @@ from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
 from src.models.norms import checked_cuda_syncbn
-from src.tasks import Task, get_task
+from src.tasks import Task
 
 log = logging.getLogger("src.commands.train")
 
@@ -114,12 +113,13 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     """Build the data and its loaders, then train (_fit); returns the trainer and the last metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = get_task(task_of(config))
-    data = build_datasets(config.data, seed=config.seed,
+    task = config.task
+    data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
-    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
-    val_loader = build_eval_loader(data.val, config.data, rank, world)
+    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
+                                      collate=task.data.collate)
+    val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.collate)
     try:
         return _fit(config, device, run_dir, tracker, task, data, train_loader, val_loader)
     finally:  # the loader workers end here, also when training failed (src/data/closable_loader.py says why)
@@ -129,7 +129,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Tracker, task: Task, data: DataBundle,
          train_loader: Any, val_loader: Any) -> tuple[Trainer, dict[str, float]]:
     """Model, TrainState, resume, hooks, the Trainer; train it."""
-    settings, world = config.trainer, comm.get_world_size()
+    settings, world, options = config.trainer, comm.get_world_size(), task.options(config)
     model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
     module = wrap_model(model, settings, device)
@@ -142,12 +142,11 @@ def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Trac
 
     module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
 
-    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
-                     aux_weight=config.model.aux_loss_weight)
-    trainer = Trainer(state, module, train_loader, loss, settings, device,
+    trainer = Trainer(state, module, train_loader, task.loss(options), settings, device,
                       hooks=build_hooks(config, task, data, val_loader, tracker, device),
-                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best),
-                      mix=build_mix(settings, data.num_classes), eval_module=eval_module,
+                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
+                                            higher_is_better=task.higher_is_better(best_metric_of(config))),
+                      mix=task.batch_mix(options, data.num_classes), eval_module=eval_module,
                       buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
     trainer.train()
     if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
@@ -176,12 +175,13 @@ def _dry_run(config: TrainConfig, device: torch.device) -> None:
     setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = get_task(task_of(config))
-    data = build_datasets(config.data, seed=config.seed,
+    task = config.task
+    data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
-    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True)
-    val_loader = build_eval_loader(data.val, config.data, rank, world)
+    train_loader = build_train_loader(data.train, config.data, rank, world, config.seed, drop_last=True,
+                                      collate=task.data.collate)
+    val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.collate)
     try:
         _dry_run_forward(config, device, run_dir, task, data, train_loader)
     finally:
@@ -197,14 +197,10 @@ def _dry_run_forward(config: TrainConfig, device: torch.device, run_dir: Path, t
                          f"{len(data.train)} training samples: not one full micro-batch per epoch")
     model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
-    images, targets = next(iter(train_loader))
     # As the trainer does: on the device in the model's dtype (uint8 batches finished by device transforms).
-    images, targets = task.to_device(images, targets, device=device, dtype=PRECISIONS[settings.dtype],
-                                     transform=data.device_transform)
-    loss = task.loss(label_smoothing=settings.label_smoothing, ignore_index=data.ignore_index,
-                     aux_weight=config.model.aux_loss_weight)
-    batch = forward_one_batch(module, images, task, device=device, amp=settings.amp,
-                              channels_last=settings.channels_last, targets=targets, loss_fn=loss)
+    batch = forward_one_batch(module, next(iter(train_loader)), task, device=device, amp=settings.amp,
+                              channels_last=settings.channels_last, loss_fn=task.loss(task.options(config)),
+                              transform=data.device_transform)
     steps = optimizer_steps_per_epoch(len(train_loader), settings.grad_accum_steps)
     effective = world * config.data.batch_size * settings.grad_accum_steps
     print_summary("train.py", {
@@ -235,7 +231,7 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
         total_steps = min(total_steps, settings.max_steps)
     optimizer = build_optimizer(model, config.optim, effective_batch)
     log.info("%s: %s with norm=%s, %.2fM trainable parameters; effective batch %d = %d process(es) x %d x %d "
-             "accumulation; %d optimizer steps/epoch, %d in total", task_of(config), config.model.name,
+             "accumulation; %d optimizer steps/epoch, %d in total", config.task.name, config.model.name,
              config.norm.name, trainable(model.parameters()) / 1e6, effective_batch, world, config.data.batch_size,
              settings.grad_accum_steps, steps_per_epoch, total_steps)
     return TrainState(model, optimizer, build_scheduler(optimizer, config.sched, steps_per_epoch, total_steps),
@@ -247,7 +243,8 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
                 device: torch.device) -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
-    evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp)
+    evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp,
+                          threads=settings.eval_num_threads)
     hooks: list[Hook] = [NormSyncHook(config.norm), MetricsHook(tracker, settings.log_every),
                          StopAtMaxSteps(settings.max_steps)]
     if tracker.writer is not None:  # the task's pictures of the first training batch (if it has any)
@@ -257,7 +254,7 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
         hooks.append(PreciseBNHook(settings, device))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
     if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
-        hooks.append(EarlyStopHook(settings.early_stop))
+        hooks.append(EarlyStopHook(settings.early_stop, settings.early_stop.higher_is_better(task)))
     hooks.append(CheckpointHook(settings.checkpoint_every, shown=(*task.metrics, f"ema_{task.default_metric}")))
     if settings.compile:
         hooks.append(CompileReport())
@@ -281,10 +278,10 @@ def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
 
 
 def _evaluate(module: torch.nn.Module, *, val_loader: Any, task: Task, data: DataBundle, device: torch.device,
-              amp: str) -> dict[str, float]:
+              amp: str, threads: int) -> dict[str, float]:
     """The exact distributed evaluation of `module` on the validation set (the same dict on every rank)."""
-    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, ignore_index=data.ignore_index,
-                    class_names=list(data.class_names))
+    return evaluate(module, val_loader, task, data.num_classes, device, amp=amp, class_names=list(data.class_names),
+                    threads=threads)
 
 
 def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle, device: torch.device) -> Any:
@@ -292,7 +289,7 @@ def _panels(tracker: Tracker, config: TrainConfig, task: Task, data: DataBundle,
     if tracker.writer is None:
         return None
     return partial(_eval_pictures, task, tracker.writer, data.val, device=device, mean=list(config.data.mean),
-                   std=list(config.data.std), ignore_index=data.ignore_index, amp=config.trainer.amp)
+                   std=list(config.data.std), amp=config.trainer.amp)
 
 
 def _eval_pictures(task: Task, writer: Any, dataset: Any, model: torch.nn.Module, step: int, **kwargs: Any) -> None:

@@ -18,12 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from src import process_group
-from src.config import TrainConfig, config_dict, task_of, validate_config
+from src.config import TrainConfig, config_dict, validate_config
 from src.engine.amp import PRECISIONS
 from src.engine.checkpoint.files import checkpoint_file
 from src.engine.checkpoint.state import (load_model_weights, model_weights, read_checkpoint, stored_class_names,
                                          stored_config, trained_epoch, trained_step)
 from src.models import build_model
+from src.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class TrainedRun:
     """A checkpoint made ready to run: the model is on `device`, in eval mode, with the chosen weights loaded."""
 
     config: TrainConfig  # the stored training config with the overrides, validated (norm as rebuilt here)
-    task: str  # the registered task's name (src/tasks/)
+    task: Task  # the run's task (src/tasks/), as config validation resolved it
     model: nn.Module
     class_names: list[str]  # in label order; numbered "0".."N-1" for checkpoints that stored none
     epoch: Optional[int]  # the epoch its last optimizer step belongs to (metrics.jsonl's val row `epoch`)
@@ -63,10 +64,11 @@ def load_trained_run(path: str | Path, *, ema: bool = False, device: Optional[to
     path = checkpoint_file(path, key)
     ckpt = read_checkpoint(path)
     stored = stored_config(ckpt)
-    config = validate_config(_with_overrides(stored, overrides or {}))
-    trained_norm = config.norm.name
+    merged = _with_overrides(stored, overrides or {})
+    trained_norm = str(OmegaConf.select(merged, "norm.name", default="bn"))
     if trained_norm in BATCHNORM_IN_EVAL:
-        config = validate_config(_as_batchnorm(config))
+        merged = _as_batchnorm(merged)
+    config = validate_config(merged)  # once, with the norm as rebuilt here
     weights = model_weights(ckpt, ema, str(path))
     names = stored_class_names(ckpt) or _numbered_classes(config, weights)
     if device is None:
@@ -76,7 +78,7 @@ def load_trained_run(path: str | Path, *, ema: bool = False, device: Optional[to
     model.to(device, PRECISIONS[config.trainer.dtype]).eval()
     if config.trainer.channels_last:
         model.to(memory_format=torch.channels_last)
-    return TrainedRun(config=config, task=task_of(config), model=model, class_names=names,
+    return TrainedRun(config=config, task=config.task, model=model, class_names=names,
                       epoch=trained_epoch(ckpt), step=trained_step(ckpt), path=path,
                       weights="ema" if ema else "model", device=device, trained_norm=trained_norm)
 
@@ -106,11 +108,11 @@ def _with_overrides(stored: dict[str, Any], overrides: Mapping[str, Any]) -> Dic
     return OmegaConf.merge(base, dict(overrides)) if overrides else base
 
 
-def _as_batchnorm(config: TrainConfig) -> dict[str, Any]:
-    """`config` with its SyncBN norm replaced by nn.BatchNorm (BATCHNORM_IN_EVAL), as a plain dict."""
-    plain = config_dict(config)
-    plain["norm"] = {"name": "bn", **{k: plain["norm"][k] for k in BATCHNORM_KEYS if k in plain["norm"]}}
-    return plain
+def _as_batchnorm(config: DictConfig) -> DictConfig:
+    """`config` with its SyncBN norm replaced by nn.BatchNorm (BATCHNORM_IN_EVAL)."""
+    norm = OmegaConf.to_container(config.norm, resolve=True)
+    config.norm = {"name": "bn", **{k: norm[k] for k in BATCHNORM_KEYS if k in norm}}
+    return config
 
 
 def _numbered_classes(config: TrainConfig, weights: dict[str, torch.Tensor]) -> list[str]:

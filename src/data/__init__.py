@@ -1,41 +1,39 @@
 """Data: datasets (embedded shapes, CIFAR, ImageFolder, VOC, Cityscapes, your own folders), transforms, samplers,
 loaders. Every dataset is registered once in DATASETS (src/data/registry.py) by its module in src/data/datasets/.
 
-    bundle = build_datasets(cfg.data, seed=cfg.seed)
-    train_loader = build_train_loader(bundle.train, cfg.data, rank, world_size, seed=cfg.seed)
+    bundle = build_datasets(cfg.data, task.data, seed=cfg.seed)      # task.data: the run's task's TaskData
+    train_loader = build_train_loader(bundle.train, cfg.data, rank, world_size, seed=cfg.seed, collate=task.data.collate)
     for epoch in range(epochs):
         set_loader_epoch(train_loader, epoch)     # sampler order and augmentation of this epoch
-        for images, targets in train_loader: ...
-    for images, targets, indices in build_eval_loader(bundle.val, cfg.data, rank, world_size): ...
-    close_loaders(train_loader, ...)               # in a finally: their worker processes end, also on an error
+        for batch in train_loader: ...            # Batch(images, targets, indices): src/data/batch.py
+    val_loader = build_eval_loader(bundle.val, cfg.data, rank, world_size, collate=task.data.collate)
+    for batch in val_loader: ...
+    close_loaders(train_loader, val_loader)        # in a finally: their worker processes end, also on an error
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import src.data.datasets  # noqa: F401  (imports every dataset module, which registers its names)
+from src.data.batch import Batch, collate_lists, collate_stacked
 from src.data.closable_loader import ClosableLoader, close_loaders
-from src.data.config import DataConfig, coerce
+from src.data.config import DataConfig, checked
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
-from src.data.samplers import ExactEvalSampler, TrainBatchSampler
+from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
-# The transform modules register their task's TaskData (transforms and collation) when imported: these two
-# here, another task's by the modules of its datasets, which import it.
-from src.data import seg_transforms, transforms  # noqa: F401
-from src.data.seg_transforms import IGNORE_INDEX
-from src.data.task_data import TaskData, register_task_data, task_data
+from src.data.task_data import TaskData
 
 __all__ = [
-    "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "ExactEvalSampler", "Splits", "TrainBatchSampler",
-    "build_datasets", "build_eval_loader", "build_train_loader", "close_loaders", "dataset_task", "set_loader_epoch",
-    "TaskData", "register_task_data",
-    "task_data",
+    "Batch", "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler",
+    "Splits", "TrainBatchSampler", "build_datasets", "build_eval_loader", "build_train_loader", "close_loaders",
+    "collate_lists", "collate_stacked", "dataset_task", "set_loader_epoch", "TaskData",
 ]
 
 
@@ -47,15 +45,15 @@ class DataBundle:
     val: SeededTransformDataset
     num_classes: int
     task: str  # the datasets' registered task (src/tasks/)
-    ignore_index: int = IGNORE_INDEX  # 255; only segmentation masks contain it
     class_names: list[str] = field(default_factory=list)
     # data.device_transforms on: the training batches are uint8 and this finishes them on the device
     # (src/data/device_transforms.py); None: the workers normalise, as the evaluation loaders always do.
     device_transform: DeviceTransform | None = None
 
 
-def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) -> DataBundle:
-    """Train and val datasets of data_cfg.name with their transforms; downloads are barrier-guarded.
+def build_datasets(data_cfg: Any, handling: TaskData, seed: int, device_transforms: bool = False) -> DataBundle:
+    """Train and val datasets of data_cfg.name with the transforms of `handling` (the run's task's TaskData,
+    `Task.data`); downloads are barrier-guarded.
 
     `seed` (the run's seed) drives training augmentation only; the shapes images are fixed by
     data.generator_seed. Missing files raise FileNotFoundError saying where they must go.
@@ -64,15 +62,15 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
     With data.decode_on_device the training split yields file bytes, and bundle.device_transform decodes
     and augments them too (src/data/device_decode.py).
     """
-    cfg = coerce(data_cfg)
-    cfg.validate()
+    cfg = checked(data_cfg)
     if cfg.decode_on_device and not device_transforms:
         raise ValueError("data.decode_on_device=true needs data.device_transforms on, and it is off here "
                          "(data.device_transforms=auto is on only when training on CUDA): set "
                          "data.device_transforms=true or data.decode_on_device=false")
     entry = dataset_entry(cfg.name)
+    if entry.task != handling.task:
+        raise ValueError(f"data.name={cfg.name} is a {entry.task} dataset, not {handling.task}'s")
     splits: Splits = entry.builder(cfg)
-    handling = task_data(entry.task)  # the task's transforms (src/data/task_data.py)
     train_tf, eval_tf = handling.train(cfg, device_transforms), handling.eval(cfg)
     same_size = handling.fixed_size or splits.val_same_size
     names = list(splits.class_names)
@@ -89,7 +87,6 @@ def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) ->
                                    split=f"validation split {cfg.val_split!r}"),
         num_classes=len(names),
         task=entry.task,
-        ignore_index=IGNORE_INDEX,
         class_names=names,
         device_transform=DeviceTransform.from_config(cfg, decoder) if device_transforms else None,
     )
@@ -108,31 +105,42 @@ def _loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
 
 
 def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, seed: int,
-                       drop_last: bool = True) -> ClosableLoader:
-    """Loader over this rank's micro-batches (TrainBatchSampler); yields (images, targets).
+                       drop_last: bool = True, collate: Any = None) -> ClosableLoader:
+    """Loader over this rank's micro-batches (TrainBatchSampler); yields Batches. `collate`: the task's
+    (TaskData.collate; None = collate_stacked).
 
     No worker_init_fn: augmentation is seeded per sample from (seed, epoch, index), so worker RNG
     states never matter, and the epoch reaches workers inside the sampled indices.
     """
-    cfg = coerce(data_cfg)
+    cfg = checked(data_cfg)
     sampler = TrainBatchSampler(len(dataset), cfg.batch_size, rank=rank, world_size=world_size, seed=seed,
                                 shuffle=True, drop_last=drop_last)
     # EncodedFiles (data.decode_on_device) collates its byte strings itself; others as their task says
-    # (default_collate unless the task's samples do not stack, e.g. detection's lists of boxes).
-    collate = getattr(dataset, "collate_fn", None) or task_data(dataset_entry(cfg.name).task).collate
-    return ClosableLoader(dataset, batch_sampler=sampler, collate_fn=collate, **_loader_kwargs(cfg))
+    # (stacked unless the task's samples do not stack, e.g. detection's lists of boxes).
+    own = getattr(dataset, "collate_fn", None)
+    batches = partial(_collate_with, own) if own is not None else collate or collate_stacked
+    return ClosableLoader(IndexedDataset(dataset), batch_sampler=sampler, collate_fn=batches, **_loader_kwargs(cfg))
 
 
-def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> ClosableLoader:
-    """Loader over this rank's contiguous shard (ExactEvalSampler); yields (images, targets, indices).
+def _collate_with(collate_pairs: Any, samples: list) -> Batch:
+    """A Batch from a dataset's own collate_fn of (image, target) pairs, with the samples' indices."""
+    images, targets = collate_pairs([(s[0], s[1]) for s in samples])
+    return Batch(images, targets, torch.tensor([int(s[2]) for s in samples], dtype=torch.int64))
 
-    Datasets whose images can differ in size (segmentation at each image's own size) use batch size 1.
+
+def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int,
+                      collate: Any = None) -> ClosableLoader:
+    """Loader over this rank's batches (EvalBatchSampler); yields Batches.
+    `collate`: the task's (TaskData.collate; None = collate_stacked).
+
+    The batches are fixed blocks of data.eval_batch_size dataset indices, so every image meets the same
+    neighbours (and padding) at any world size. Datasets whose images can differ in size (segmentation at each
+    image's own size) use batch size 1, unless the task's own collation takes any sizes.
     """
-    cfg = coerce(data_cfg)
-    collate = task_data(dataset_entry(cfg.name).task).eval_collate  # a task's own collation takes any sizes
+    cfg = checked(data_cfg)
     batch_size = cfg.eval_batch_size if getattr(dataset, "same_size", True) or collate is not None else 1
-    return ClosableLoader(IndexedDataset(dataset), batch_size=batch_size, collate_fn=collate,
-                          sampler=ExactEvalSampler(len(dataset), rank, world_size), drop_last=False,
+    return ClosableLoader(IndexedDataset(dataset), collate_fn=collate or collate_stacked,
+                          batch_sampler=EvalBatchSampler(len(dataset), batch_size, rank, world_size),
                           **_loader_kwargs(cfg))
 
 

@@ -7,9 +7,13 @@ Checked (each error names the file and the entries, up to a few of each kind, wi
   4 finite numbers [x, y, width, height];
 - every image file exists under the images folder (existence only: a corrupt file fails when it is read).
 
-Cleaned: crowd annotations ("iscrowd": 1, regions of many objects) and boxes of zero or negative width or
-height are dropped (counted); category ids are mapped to contiguous labels 1..K in increasing id order
+Cleaned for training: crowd annotations ("iscrowd": 1, regions of many objects) and boxes of zero or negative
+width or height are dropped (counted); category ids are mapped to contiguous labels 1..K in increasing id order
 (0 is the background); annotation ids are renumbered 1..N (no annotation is looked up by its own id).
+
+Kept as the file has it for evaluation (`image_truths`): each image's entry and all its annotations, crowd
+regions, boxes of any size and the annotations' `area` included, with the file's image and category ids; COCO's
+evaluation reads these (src/tasks/coco_evaluation.py).
 """
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ from typing import Any
 _SHOWN = 5  # entries named per kind of problem
 
 
+COCO_TRUTH_KEY = "coco"  # an evaluation target's entry holding its image's CocoImageTruth
+
+
 @dataclass
 class CocoAnnotations:
     """One split's annotations after the checks: `data` is a COCO dict whose category ids are the labels."""
@@ -31,6 +38,21 @@ class CocoAnnotations:
     categories: list[tuple[int, str]]  # (original category id, name), in id order: label k is entry k - 1
     crowd_dropped: int = 0
     degenerate_dropped: int = 0
+    # The file's own "images" and "annotations" lists (checked, not cleaned): what evaluation compares with.
+    source: dict[str, list[dict[str, Any]]] | None = None
+
+
+@dataclass(frozen=True)
+class CocoImageTruth:
+    """One image's ground truth as its COCO file has it: what COCO's evaluation of its predictions reads.
+
+    A plain object, not a dict: torchvision's v2 transforms pass it through untouched (they would walk a
+    dict's every polygon coordinate), and it travels with the image's evaluation target.
+    """
+
+    image: dict[str, Any]  # the file's image entry: "id", and "width", "height" (filled from the image if absent)
+    annotations: tuple[dict[str, Any], ...]  # the image's annotations in file order, unchanged (crowd, area, ...)
+    category_ids: tuple[int, ...]  # every category id of the file, in id order: label k is category_ids[k - 1]
 
 
 def _number(v: Any) -> bool:
@@ -142,4 +164,17 @@ def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
     images = [{k: im[k] for k in ("id", "file_name", "width", "height") if k in im} for im in data["images"]]
     cleaned = {"images": images, "annotations": kept,
                "categories": [{"id": label_of[cid], "name": name} for cid, name in categories]}
-    return CocoAnnotations(path, cleaned, categories, crowd, degenerate)
+    return CocoAnnotations(path, cleaned, categories, crowd, degenerate,
+                           source={"images": data["images"], "annotations": data["annotations"]})
+
+
+def image_truths(annotations: CocoAnnotations) -> dict[int, CocoImageTruth]:
+    """Every image's ground truth as the file has it, by image id (see the module docstring)."""
+    if annotations.source is None:
+        raise ValueError(f"{annotations.path}: the file's own entries were not kept; read it with load_annotations")
+    category_ids = tuple(cid for cid, _ in annotations.categories)
+    per_image: dict[int, list[dict[str, Any]]] = {im["id"]: [] for im in annotations.source["images"]}
+    for a in annotations.source["annotations"]:
+        per_image[a["image_id"]].append(a)
+    return {im["id"]: CocoImageTruth(dict(im), tuple(per_image[im["id"]]), category_ids)
+            for im in annotations.source["images"]}

@@ -1,12 +1,19 @@
-"""DataConfig: the `data` group of the Hydra config, with validation that names the key and the fix."""
+"""DataConfig: the `data` group of the Hydra config, with validation that names the key and the fix.
+
+DataConfig holds the keys every dataset and task reads; a dataset's own keys (data.mask_suffix, the several-shapes
+sets' data.min_shapes, ...) are declared where it is registered (`DATASETS.register(..., options=...)`) and a
+task's (data.crop_size, data.auto_augment, ...) in its options (src/tasks/<task>/options.py); data_schema() and
+src/config.py add them to the schema.
+"""
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from src.data.registry import DATASETS, dataset_entry
-from src.data.task_data import all_task_data, task_data
-from src.dataclass_config import to_dataclass
+from src.dataclass_config import Owned, extend, section, to_dataclass
 
 
 @dataclass
@@ -37,7 +44,7 @@ class DataConfig:
     train_size: int = 10000
     val_size: int = 2000
     image_size: int = 32  # shapes: side of the generated images; imagefolder: train/eval crop size
-    # Classes the model predicts. shapes: shape kinds; shapes_seg, shapes_det: background + kinds;
+    # Classes the model predicts. shapes: shape kinds; the several-shapes sets: background + kinds;
     # other datasets: derived (null), and a given value must match the dataset.
     num_classes: Optional[int] = None
     generator_seed: int = 0
@@ -45,33 +52,12 @@ class DataConfig:
     # shapes: per-image contrast gain and brightness/colour offsets (0 = off, 1 = strong), so that the
     # statistics of a small batch differ from the set's (src/data/shapes.py, scripts/syncbn_benefit.py).
     photometric_spread: float = 0.0
-    min_shapes: int = 2  # shapes_seg, shapes_det: shapes per image, drawn in [min_shapes, max_shapes]
-    max_shapes: int = 4
-    min_shape_size: float = 0.2  # shapes_seg, shapes_det: shape radius range, as a fraction of the image's shorter side
-    max_shape_size: float = 0.34
-    # shapes_seg, shapes_det: validation images of varying sizes (0.75..1.25 x image_size)
-    variable_val_size: bool = False
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 
-    # Classification augmentation.
+    # Training augmentation every task has (a task's own keys, e.g. data.crop_size, are its options).
     augment: bool = True  # master switch for training augmentation
-    random_crop: bool = True  # CIFAR/shapes: RandomCrop(image_size, padding=crop_padding); ImageNet: RandomResizedCrop
-    crop_padding: int = 4
     hflip: bool = True
-    resize_size: int = 256  # imagefolder eval: Resize(resize_size) then CenterCrop(image_size)
     color_jitter: float = 0.0  # brightness/contrast/saturation strength (0 = off)
-    # Automatic augmentation policy after crop / flip / jitter (torchvision.transforms.v2, default settings):
-    # randaugment | trivialaugment | autoaugment (the ImageNet policy) | none. Classification only.
-    auto_augment: str = "none"
-    # Probability of v2.RandomErasing on the normalised image (0 = off; timm's --reprob, torchvision's
-    # references' --random-erase, both use 0.25). Classification only.
-    random_erase: float = 0.0
-
-    # Segmentation augmentation / evaluation.
-    base_size: int = 0  # random scale acts on the shorter side: [scale_min, scale_max] x base_size (0 = crop_size)
-    crop_size: int = 64  # training crop (padded with 0 / ignore 255 when the scaled image is smaller)
-    scale_min: float = 0.5
-    scale_max: float = 2.0
 
     # Normalisation (per channel, on images scaled to [0, 1]).
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
@@ -81,48 +67,30 @@ class DataConfig:
     # with annotations/instances_<split>.json (coco) to train and validate on.
     train_split: str = "train"
     val_split: str = "val"
-    # segfolder: masks/<image path without extension><mask_suffix>.png, e.g. "_mask" for a_mask.png.
-    mask_suffix: str = ""
-    # segfolder: one class name per line (line k names mask value k); relative paths are relative to
-    # data.root; null = <root>/classes.txt when present, else classes numbered 0..num_classes-1.
-    classes_file: Optional[str] = None
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad key and how to fix it."""
+        """Raise ValueError naming the first bad key and how to fix it (on a data_schema() instance, the
+        dataset's own options too; the task's: Task.validate)."""
         entry = dataset_entry(self.name)  # ValueError listing every registered data.name
         for key in ("batch_size", "eval_batch_size", "train_size", "val_size", "prefetch_factor"):
             _at_least(key, getattr(self, key), 1)
-        for key in ("num_workers", "crop_padding", "base_size", "generator_seed"):
+        for key in ("num_workers", "generator_seed"):
             _at_least(key, getattr(self, key), 0)
         if not (isinstance(self.device_transforms, bool) or self.device_transforms == "auto"):
             raise ValueError(f"data.device_transforms must be true, false or auto (on when training on CUDA), "
                              f"got {self.device_transforms!r}")
         _check_decode_on_device(self, entry.info.get("encoded_files", False))
         _at_least("image_size", self.image_size, 8)
-        _at_least("crop_size", self.crop_size, 8)
-        if entry.info.get("varying_sizes") and task_data(entry.task).resize_then_crop:
-            _at_least("resize_size", self.resize_size, self.image_size)  # eval: Resize, then CenterCrop
         if self.noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {self.noise_std}")
         if not 0 <= self.photometric_spread <= 1:
             raise ValueError(f"data.photometric_spread must be in [0, 1], got {self.photometric_spread}")
         if not 0 <= self.color_jitter <= 1:
             raise ValueError(f"data.color_jitter must be in [0, 1], got {self.color_jitter}")
-        _check_image_only_augmentation(self, entry.task)
-        if not 0 < self.scale_min <= self.scale_max:
-            raise ValueError(f"data.scale_min and data.scale_max must satisfy 0 < scale_min <= scale_max, "
-                             f"got {self.scale_min} and {self.scale_max}")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError(f"data.mean and data.std need 3 values (RGB), got {list(self.mean)} and {list(self.std)}")
         if any(s <= 0 for s in self.std):
             raise ValueError(f"data.std values must be > 0, got {list(self.std)}")
-        if not 1 <= self.min_shapes <= self.max_shapes:
-            raise ValueError(f"data.min_shapes and data.max_shapes must satisfy 1 <= min_shapes <= max_shapes, "
-                             f"got {self.min_shapes} and {self.max_shapes}")
-        if not 0.02 <= self.min_shape_size <= self.max_shape_size <= 0.5:
-            raise ValueError(f"data.min_shape_size and data.max_shape_size must satisfy "
-                             f"0.02 <= min_shape_size <= max_shape_size <= 0.5, got {self.min_shape_size} "
-                             f"and {self.max_shape_size}")
         fixed, n = entry.info.get("num_classes"), self.num_classes
         if fixed is not None and n is not None and n != fixed:
             raise ValueError(f"data.num_classes={n} does not match {self.name}, which has {fixed} classes; "
@@ -134,33 +102,36 @@ class DataConfig:
             raise ValueError(f"data.download=true is not possible for data.name={self.name}: "
                              f"only {', '.join(downloadable)} can be downloaded; put the files under data.root "
                              "(see docs/data.md) and set data.download=false")
+        _check_dataset_options(self, entry)
         check = entry.info.get("check")
         if check is not None:
             check(self)
 
 
-AUTO_AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")
+def dataset_options() -> list[Owned]:
+    """("data=<name>", its option dataclass) of every registered dataset that declares options."""
+    return [(f"data={e.name}", e.info["options"]) for e in DATASETS if e.info.get("options") is not None]
 
 
-def _check_image_only_augmentation(cfg: DataConfig, task: str) -> None:
-    """data.auto_augment / data.random_erase: known values, for tasks whose targets they leave valid, under
-    data.augment."""
-    if cfg.auto_augment not in AUTO_AUGMENT_POLICIES:
-        raise ValueError(f"data.auto_augment must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, "
-                         f"got {cfg.auto_augment!r}")
-    erase = cfg.random_erase
-    if isinstance(erase, bool) or not isinstance(erase, (int, float)) or not 0 <= erase <= 1:
-        raise ValueError(f"data.random_erase is a probability in [0, 1] (0 = off), got {erase!r}")
-    used = [k for k, on in (("auto_augment", cfg.auto_augment != "none"), ("random_erase", erase > 0)) if on]
-    if used and not task_data(task).image_only_augmentations:
-        # The policies' geometric operations (shear, rotate, translate) would have to move masks and boxes with
-        # the image, and erasing would have to mark what it hides as ignored: not implemented, so refused.
-        offer = " and ".join(e.task for e in all_task_data() if e.image_only_augmentations)
-        raise ValueError(f"data.{used[0]} applies to {offer} only; data.name={cfg.name} is {task}: "
-                         f"remove it ({task} trains with its own augmentation: random scale, crop and flip)")
-    if used and not cfg.augment:
-        raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
-                         f"set data.augment=true or remove data.{used[0]}")
+def data_schema() -> type[DataConfig]:
+    """The `data` group's schema in the data layer: DataConfig with every registered dataset's options (the
+    run's full schema adds the tasks' own: src/config.py)."""
+    return _schema(tuple(dataset_options()))
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(parts: tuple[Owned, ...]) -> type[DataConfig]:
+    return extend(DataConfig, parts)
+
+
+def _check_dataset_options(cfg: DataConfig, entry: Any) -> None:
+    """The dataset checks its own options. Another dataset's are left unread, not refused: a recipe sets them for
+    its dataset (conf/experiment/*.yaml), and `data=` on the command line must still swap the dataset."""
+    own = entry.info.get("options")
+    if own is not None and all(hasattr(cfg, f.name) for f in dataclasses.fields(own)):
+        options = section(cfg, own)
+        if hasattr(options, "validate"):
+            options.validate()
 
 
 def _check_decode_on_device(cfg: DataConfig, encoded_files: bool) -> None:
@@ -185,5 +156,18 @@ def _at_least(key: str, value: int, low: int) -> None:
 
 
 def coerce(cfg: Any) -> DataConfig:
-    """A DataConfig from a DataConfig, an OmegaConf node or a mapping (extra keys are an error)."""
-    return to_dataclass(cfg, DataConfig, "data")
+    """A DataConfig (data_schema()'s) from a DataConfig, an OmegaConf node or a mapping (extra keys are an error)."""
+    return to_dataclass(cfg, data_schema(), "data")
+
+
+def checked(cfg: Any) -> DataConfig:
+    """A DataConfig ready to build from: a data_schema() instance as it is (config validation checked it, once);
+    a DataConfig of the core keys alone (the datasets' options at their defaults), a mapping or an OmegaConf
+    node coerced and validated here."""
+    if isinstance(cfg, data_schema()):
+        return cfg
+    if isinstance(cfg, DataConfig):
+        cfg = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(DataConfig)}
+    data = coerce(cfg)
+    data.validate()
+    return data

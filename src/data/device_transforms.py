@@ -9,8 +9,8 @@ zeroing runs here. `prefetch` copies the next batch on a side CUDA stream while 
 data.decode_on_device: decodes and augments it on a producer thread).
 
     transform = DeviceTransform.from_config(cfg) if device_transforms_enabled(cfg, device) else None
-    for images, targets in prefetch(loader, partial(move_batch, device=device, dtype=dtype, transform=transform)):
-        ...
+    for batch in prefetch(loader, partial(Batch.to, device=device, dtype=dtype, transform=transform)):
+        ...                                     # Batch: src/data/batch.py, whose `to` calls move_batch
 """
 from __future__ import annotations
 
@@ -133,13 +133,25 @@ def move_batch(images: torch.Tensor | EncodedImages, targets: Any, *, device: to
 
 def _targets_to(targets: Any, device: torch.device) -> Any:
     if isinstance(targets, ErasedTarget):
-        return ErasedTarget(targets.target.to(device, non_blocking=True), targets.box)  # box: moved by the transform
-    return targets.to(device, non_blocking=True)
+        return ErasedTarget(move_to(targets.target, device), targets.box)  # box: moved by the transform
+    return move_to(targets, device)
 
 
-def prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tuple[torch.Tensor, Any]],
-             device: torch.device, threaded: bool = False) -> Iterator[tuple[torch.Tensor, Any]]:
-    """move(*batch) for each batch; on CUDA one batch ahead, on a side stream, so copies overlap compute.
+def move_to(value: Any, device: torch.device) -> Any:
+    """Every tensor in `value` (a tensor, or lists, tuples and dicts of them; None) on `device`, non-blocking."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: move_to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        moved = [move_to(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+    return value
+
+
+def prefetch(batches: Iterable[Any], move: Callable[[Any], Any], device: torch.device,
+             threaded: bool = False) -> Iterator[Any]:
+    """move(batch) for each batch; on CUDA one batch ahead, on a side stream, so copies overlap compute.
 
     The side stream waits for the current stream before each copy (the pinned source and the caching
     allocator's memory are the current stream's), the current stream waits for the side stream before
@@ -157,16 +169,16 @@ def prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tupl
         yield from _threaded_prefetch(batches, move, torch.device(device))
         return
     if torch.device(device).type != "cuda":
-        for images, targets in batches:
-            yield move(images, targets)
+        for batch in batches:
+            yield move(batch)
         return
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
 
-    def issue(batch: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
+    def issue(batch: Any) -> Any:
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            return move(*batch)
+            return move(batch)
 
     it = iter(batches)
     ahead = next(it, None)
@@ -181,8 +193,7 @@ def prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tupl
         yield ready
 
 
-def _threaded_prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, Any], tuple[torch.Tensor, Any]],
-                       device: torch.device) -> Iterator[tuple[torch.Tensor, Any]]:
+def _threaded_prefetch(batches: Iterable[Any], move: Callable[[Any], Any], device: torch.device) -> Iterator[Any]:
     """prefetch(threaded=True): `move` on one producer thread, one batch ahead (see prefetch)."""
     cuda = device.type == "cuda"
     if cuda and device.index is None:
@@ -190,14 +201,14 @@ def _threaded_prefetch(batches: Iterable[tuple[Any, Any]], move: Callable[[Any, 
     current = torch.cuda.current_stream(device) if cuda else None
     stream = torch.cuda.Stream(device) if cuda else None
 
-    def produce(batch: tuple[Any, Any]) -> tuple[tuple[torch.Tensor, Any], Any]:
+    def produce(batch: Any) -> tuple[Any, Any]:
         if not cuda:
-            return move(*batch), None
+            return move(batch), None
         # No wait for the training stream: the producer's memory is its own stream's (the caching allocator
         # keeps a pool per stream; what is handed out is recorded as used on the training stream below), and
         # the pinned memory it copies from is recorded on its stream by the copies themselves.
         with torch.cuda.device(device), torch.cuda.stream(stream):
-            out = move(*batch)
+            out = move(batch)
             done = torch.cuda.Event()
             done.record(stream)
         return out, done
@@ -224,5 +235,8 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
         yield batch
     elif isinstance(batch, (tuple, list)):
         for item in batch:
+            yield from _tensors(item)
+    elif isinstance(batch, dict):
+        for item in batch.values():
             yield from _tensors(item)
 

@@ -1,8 +1,9 @@
-"""Batch samplers: world-size-invariant training batches, exact (unpadded) evaluation shards.
+"""Batch samplers: world-size-invariant training batches, exact (unpadded) evaluation shards and batches.
 
 torch's DistributedSampler deals samples round-robin and pads the last shard with duplicates, so
 neither the union of the ranks' micro-batches equals a one-process batch nor does evaluation see each
-sample once. These two samplers give both guarantees.
+sample once. These samplers give both guarantees, and EvalBatchSampler also makes every evaluation batch
+the same for any world size.
 """
 from __future__ import annotations
 
@@ -107,6 +108,34 @@ class ExactEvalSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.start, self.stop))
+
+
+class EvalBatchSampler(Sampler[list[int]]):
+    """This rank's evaluation batches: fixed blocks of dataset indices, whole blocks per rank, no padding.
+
+    Block k is [k*B, (k+1)*B) with B = batch_size (the last block may be shorter); rank r takes a contiguous
+    run of whole blocks (the first n_blocks % world_size ranks one more). Which images share a batch, and
+    so its padding (detectors pad a batch to its largest image) and the batch shape that kernels are chosen
+    by, is therefore the same for any world size; a per-rank shard cut into batches (ExactEvalSampler with a
+    DataLoader batch_size) would move every batch boundary with the world size. Ranks concatenated in
+    order visit 0..dataset_len-1 exactly once.
+    """
+
+    def __init__(self, dataset_len: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+        self.dataset_len = int(dataset_len)
+        self.batch_size = int(batch_size)
+        self.blocks = range(*_shard_bounds(-(-self.dataset_len // self.batch_size), rank, world_size))
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        b = self.batch_size
+        return (list(range(k * b, min((k + 1) * b, self.dataset_len))) for k in self.blocks)
 
 
 def _shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:

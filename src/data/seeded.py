@@ -60,7 +60,8 @@ class SeededTransformDataset(Dataset):
 
 
 class IndexedDataset(Dataset):
-    """(image, target, index): evaluation needs the dataset index to gather predictions in order."""
+    """(image, target, index): every Batch carries its samples' dataset indices (src/data/batch.py); evaluation and
+    predict.py gather predictions in dataset order by them. A key may be TrainBatchSampler's (epoch, index)."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -68,6 +69,11 @@ class IndexedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any, int]:
-        image, target = self.dataset[index]
-        return image, target, index
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, Any, int]:
+        image, target = self.dataset[key]
+        return image, target, key[1] if isinstance(key, tuple) else key
+
+    def set_epoch(self, epoch: int) -> None:
+        """The wrapped dataset's epoch for plain int indices (SeededTransformDataset)."""
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)

@@ -1,6 +1,8 @@
 """torch Datasets over the procedural shapes generator, with an optional per-process image cache."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Any
 
 import numpy as np
@@ -158,6 +160,28 @@ def check_scene_classes(name: str, num_classes: int | None) -> None:
     if num_classes is not None and not 3 <= num_classes <= shapes.MAX_CLASSES + 1:
         raise ValueError(f"data.num_classes for {name} must be in 3..{shapes.MAX_CLASSES + 1} "
                          f"(background + 2..{shapes.MAX_CLASSES} shape kinds), got {num_classes}")
+
+
+@dataclass
+class SceneOptions:
+    """The `data` keys of the several-shapes sets: the datasets built on these scenes register it
+    (`DATASETS.register(..., options=SceneOptions)`)."""
+
+    min_shapes: int = 2  # shapes per image, drawn in [min_shapes, max_shapes]
+    max_shapes: int = 4
+    min_shape_size: float = 0.2  # shape radius range, as a fraction of the image's shorter side
+    max_shape_size: float = 0.34
+    variable_val_size: bool = False  # validation images of varying sizes (0.75..1.25 x image_size)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key."""
+        if not 1 <= self.min_shapes <= self.max_shapes:
+            raise ValueError(f"data.min_shapes and data.max_shapes must satisfy 1 <= min_shapes <= max_shapes, "
+                             f"got {self.min_shapes} and {self.max_shapes}")
+        if not 0.02 <= self.min_shape_size <= self.max_shape_size <= 0.5:
+            raise ValueError(f"data.min_shape_size and data.max_shape_size must satisfy "
+                             f"0.02 <= min_shape_size <= max_shape_size <= 0.5, got {self.min_shape_size} "
+                             f"and {self.max_shape_size}")
 
 
 def scene_splits(cfg: Any, scenes: type) -> tuple[Dataset, Dataset, bool]:

@@ -34,10 +34,12 @@ class EarlyStopState:
         return asdict(self)
 
 
-def decide(settings: EarlyStopConfig, state: EarlyStopState, value: float, step: int) -> EarlyStopState:
-    """The state after an evaluation that measured `value` at `step` (pure: same inputs, same verdict)."""
+def decide(settings: EarlyStopConfig, state: EarlyStopState, value: float, step: int,
+           higher_is_better: bool) -> EarlyStopState:
+    """The state after an evaluation that measured `value` at `step` (pure: same inputs, same verdict);
+    `higher_is_better`: the metric's direction (EarlyStopConfig.higher_is_better with the run's task)."""
     new = EarlyStopState(**state.to_dict())
-    sign = 1.0 if settings.higher_is_better else -1.0
+    sign = 1.0 if higher_is_better else -1.0
     improved = new.best is None or sign * (value - new.best) > settings.min_delta
     if improved:
         new.best, new.best_step, new.bad_evaluations = float(value), step, 0
@@ -51,13 +53,14 @@ def decide(settings: EarlyStopConfig, state: EarlyStopState, value: float, step:
     return new
 
 
-def carried_over(settings: EarlyStopConfig, state: EarlyStopState) -> tuple[EarlyStopState, str]:
+def carried_over(settings: EarlyStopConfig, state: EarlyStopState,
+                 higher_is_better: bool) -> tuple[EarlyStopState, str]:
     """A checkpoint's state as this run's settings continue it, and a warning ("" when none is due).
 
     A state that followed another metric, or the same metric in the other direction (mode changed between
     the runs), cannot go on: its best is the best of something else, so it starts afresh.
     """
-    direction = "max" if settings.higher_is_better else "min"
+    direction = "max" if higher_is_better else "min"
     warning = ""
     if state.metric and state.metric != settings.name:
         warning = (f"the checkpoint's early-stop state follows {state.metric!r}, this run {settings.name!r}: "

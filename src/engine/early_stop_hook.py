@@ -28,13 +28,15 @@ class EarlyStopHook(Hook):
     after this evaluation holds the updated state).
     """
 
-    def __init__(self, settings: EarlyStopConfig) -> None:
+    def __init__(self, settings: EarlyStopConfig, higher_is_better: bool) -> None:
         self.settings = settings
+        self.higher_is_better = higher_is_better  # the metric's direction, as the run's task declares it
 
     def before_train(self, trainer: Trainer) -> None:
         """A resumed run that had already stopped early trains no further (unless patience was raised);
         another metric, or another mode, starts afresh."""
-        state, warning = carried_over(self.settings, EarlyStopState.from_dict(trainer.state.early_stop))
+        state, warning = carried_over(self.settings, EarlyStopState.from_dict(trainer.state.early_stop),
+                                      self.higher_is_better)
         if warning:
             log.warning(warning)
         if state.stopped and state.bad_evaluations < self.settings.patience:
@@ -56,7 +58,8 @@ class EarlyStopHook(Hook):
                              f"validation metrics {sorted(metrics)}")
         state = EarlyStopState.from_dict(trainer.state.early_stop)
         if comm.is_main_process():
-            state = decide(self.settings, state, float(metrics[self.settings.name]), trainer.state.progress.step)
+            state = decide(self.settings, state, float(metrics[self.settings.name]), trainer.state.progress.step,
+                           self.higher_is_better)
         state = EarlyStopState.from_dict(comm.broadcast_object(state.to_dict()))
         trainer.state.early_stop = state.to_dict()
         if state.stopped:

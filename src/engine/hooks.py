@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from src import comm
+from src.data.batch import Batch
 from src.engine.checkpoint.files import CheckpointSaver
 from src.engine.checkpoint.state import TrainState
 from src.engine.norm_health import check_norm_health
@@ -78,7 +79,7 @@ class TrainerView(Protocol):
     started: float
     stop_reason: Optional[str]
     last_step: Optional[StepOutput]
-    batch: Optional[tuple[torch.Tensor, torch.Tensor]]
+    batch: Optional[Batch]  # the last micro-batch on the device (src/data/batch.py)
 
     def request_stop(self, reason: str, exit_code: Optional[int] = None) -> None:
         """End training after the current step; with `exit_code`, as an interruption."""
@@ -172,8 +173,7 @@ class SampleGridHook(Hook):
     def after_step(self, trainer: TrainerView) -> None:
         """Once: hand the last micro-batch's images and labels (before MixUp) to `log_grid`."""
         if not self.done and trainer.batch is not None:
-            images, targets = trainer.batch
-            self.log_grid(images, targets, trainer.state.progress.step)
+            self.log_grid(trainer.batch.images, trainer.batch.targets, trainer.state.progress.step)
             self.done = True
 
 

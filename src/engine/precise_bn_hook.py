@@ -22,7 +22,7 @@ from torch import nn
 from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
-from src.data.device_transforms import move_batch
+from src.data.batch import Batch
 from src.engine.amp import PRECISIONS
 from src.precision import autocast
 from src.engine.hooks import Hook, TrainerView
@@ -74,12 +74,9 @@ class PreciseBNHook(Hook):
             log.info("precise BN at step %d (%.1fs): %d training batch(es) per process x %d process(es) = %d images; %s",
                      state.progress.step, reports[0].seconds, self.num_batches, comm.get_world_size(), total, done)
 
-    def _to_device(self, images: torch.Tensor, targets: Any) -> torch.Tensor:
-        images, _ = move_batch(images, targets, device=self.device, dtype=self.dtype,
-                               transform=self._transform)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return images
+    def _to_device(self, batch: Batch) -> torch.Tensor:
+        batch = batch.to(self.device, self.dtype, transform=self._transform)
+        return (batch.channels_last() if self.channels_last else batch).images
 
 
 class _EpochPasses:
@@ -93,6 +90,6 @@ class _EpochPasses:
         set_loader_epoch(self.loader, self.epoch)
         self.loader.batch_sampler.set_start(0)
         self.epoch += 1
-        for images, targets in self.loader:
-            self.images[0] += images.shape[0]
-            yield self.to_device(images, targets)
+        for batch in self.loader:
+            self.images[0] += batch.size
+            yield self.to_device(batch)

@@ -27,6 +27,7 @@ from torch import nn
 from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
+from src.data.batch import Batch
 from src.data.device_transforms import DeviceTransform, prefetch
 from src.engine.accumulation import gradient_sync, micro_step
 from src.engine.amp import PRECISIONS
@@ -58,13 +59,13 @@ class Trainer:
         self.eval_module = eval_module if eval_module is not None else state.model
         self.buffer_sync = buffer_sync  # reduce | broadcast | none: per-rank BN statistics before eval/checkpoint
         self.device_transform = device_transform  # data.device_transforms: uint8 batches finished on the device
-        # How batches move, count and go through the model (src/tasks/); the default: stacked tensor batches.
+        # How batches go through the model (src/tasks/); the default: a model of stacked images.
         self.task = task if task is not None else Task()
         self.epoch = state.progress.epoch  # the epoch being trained (or, in after_epoch, just trained)
         self.epoch_complete = False
         self.finishing = False
         self.last_step: Optional[StepOutput] = None
-        self.batch: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the last micro-batch, before MixUp
+        self.batch: Optional[Batch] = None  # the last micro-batch (on the device), before MixUp
         self.stop_reason: Optional[str] = None
         self.exit_code: Optional[int] = None
         self._checkpoint_requested = False
@@ -175,17 +176,17 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         images_seen, data_seconds = 0, 0.0
         started = waited = time.perf_counter()
-        move = partial(self.task.to_device, device=self.device, dtype=self.dtype, transform=self.device_transform)
+        move = partial(Batch.to, device=self.device, dtype=self.dtype, transform=self.device_transform)
         # With device transforms, the next batch's copy runs on a side CUDA stream during this step (decoding on
         # the device: on a producer thread).
         batches = (prefetch(self._bar, move, self.device, threaded=self.device_transform.decoder is not None)
-                   if self.device_transform is not None else (move(*batch) for batch in self._bar))
-        for index, (images, targets) in enumerate(batches, start=p.micro_batch):
+                   if self.device_transform is not None else (move(batch) for batch in self._bar))
+        for index, batch in enumerate(batches, start=p.micro_batch):
             data_seconds += time.perf_counter() - waited
-            images, targets = self._keep(images, targets)
+            batch = self._keep(batch)
             micro = micro_step(index, num_micro_batches, self.settings.grad_accum_steps)
-            loss = self._forward_backward(images, targets, micro.loss_scale, micro.is_last_in_window)
-            size = self.task.batch_size(images)
+            loss = self._forward_backward(batch.images, batch.targets, micro.loss_scale, micro.is_last_in_window)
+            size = batch.size
             loss_sum += loss.detach().double() * size
             images_seen += size
             p.micro_batch = index + 1
@@ -202,12 +203,12 @@ class Trainer:
                 started = time.perf_counter()
             waited = time.perf_counter()
 
-    def _keep(self, images: Any, targets: Any) -> tuple[Any, Any]:
-        """A batch on the device (the task's to_device): memory format, kept as self.batch."""
-        if self.settings.channels_last:  # tasks whose images are not one tensor refuse it at validation
-            images = images.contiguous(memory_format=torch.channels_last)
-        self.batch = (images, targets)
-        return images, targets
+    def _keep(self, batch: Batch) -> Batch:
+        """A batch on the device: memory format, kept as self.batch."""
+        if self.settings.channels_last:
+            batch = batch.channels_last()
+        self.batch = batch
+        return batch
 
     def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, loss_scale: float,
                           sync: bool) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any, Mapping, TypeVar, Union
 from torch import nn
 
 from src.dataclass_config import to_dataclass
-from src.models.config import ModelConfig, NormConfig, check_model_norm
+from src.models.config import ModelConfig, NormConfig, check_model_norm, model_schema
 from src.models.norms import finalize_norms
 from src.models.param_groups import head_module_names
 from src.models.pretrained import (is_weights_name, torchvision_state_dict, torchvision_weights,
@@ -21,15 +21,19 @@ ConfigLike = Union[ModelConfig, NormConfig, Mapping[str, Any], Any]  # dataclass
 
 
 def as_config(cfg: ConfigLike, schema: type[T]) -> T:
-    """The dataclass instance for a dataclass, a dict or a (structured or plain) OmegaConf DictConfig."""
-    return to_dataclass(cfg, schema, "model" if schema is ModelConfig else "norm")
+    """The dataclass instance for a dataclass, a dict or a (structured or plain) OmegaConf DictConfig; a model
+    config as model_schema()'s, with its families' options (at their defaults when `cfg` has none)."""
+    if schema is not ModelConfig:
+        return to_dataclass(cfg, schema, "norm")
+    full = model_schema()
+    if isinstance(cfg, ModelConfig) and not isinstance(cfg, full):  # the core keys alone: the options' defaults
+        return full(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
+    return to_dataclass(cfg, full, "model")
 
 
 def model_task(model_cfg: ConfigLike) -> str:
-    """The task a model config's model is registered for (src/tasks/)."""
-    cfg = as_config(model_cfg, ModelConfig)
-    cfg.validate(check_files=False)
-    return MODELS.get(cfg.name).task
+    """The task a model config's model is registered for (src/tasks/); ValueError naming the valid names."""
+    return MODELS.get(as_config(model_cfg, ModelConfig).name).task
 
 
 def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *,
@@ -42,14 +46,18 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
     weights_files=False skips all of them (and the files' existence check): for
     callers that load a checkpoint right after (evaluation, resume), where those files may be long gone.
     """
+    # Dataclass instances come validated (config validation checks each group once); dicts and OmegaConf nodes
+    # are checked here. Hardware needs of torch_syncbn are the app's config validation's (NormConfig.validate
+    # with the run's device): building one on a CPU-only machine stays possible (inspection, conversion).
     mcfg, ncfg = as_config(model_cfg, ModelConfig), as_config(norm_cfg, NormConfig)
-    mcfg.validate(check_files=weights_files)
+    if not isinstance(model_cfg, ModelConfig):
+        mcfg.validate(check_files=weights_files)
+    if not isinstance(norm_cfg, NormConfig):
+        ncfg.validate(device=None)
+    if not (isinstance(model_cfg, ModelConfig) and isinstance(norm_cfg, NormConfig)):
+        check_model_norm(mcfg, ncfg)
     if not weights_files:  # timm's pretrained weights are loaded by its builder: off here too
         mcfg = dataclasses.replace(mcfg, pretrained=False)
-    # Hardware needs of torch_syncbn are checked by the app's config validation (NormConfig.validate with
-    # the run's device); building one on a CPU-only machine stays possible (inspection, conversion).
-    ncfg.validate(device=None)
-    check_model_norm(mcfg, ncfg)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
     entry = MODELS.get(mcfg.name)

@@ -10,6 +10,7 @@ where the shape changes, identity elsewhere).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -105,5 +106,20 @@ def _builder(depth: int) -> Callable[[ModelConfig, NormConfig, int], CifarResNet
     return build
 
 
+@dataclass
+class CifarResNetOptions:
+    """The `model` key the CIFAR ResNets read."""
+
+    # "A" = parameter-free identity shortcut with zero-padded channels (the paper's CIFAR choice, 0.27M params
+    # for ResNet-20), "B" = 1x1 conv + norm projection when the shape changes.
+    cifar_shortcut: str = "A"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key."""
+        if self.cifar_shortcut not in ("A", "B"):
+            raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
+
+
 for _depth in DEPTHS:
-    MODELS.register(f"resnet{_depth}", task="classification", family="cifar_resnet")(_builder(_depth))
+    MODELS.register(f"resnet{_depth}", task="classification", family="cifar_resnet",
+                    options=CifarResNetOptions)(_builder(_depth))

@@ -1,17 +1,20 @@
 """Model and norm config schemas (Hydra structured configs) and their validation.
 
-Which names `model.name` may take, and each one's task, is the registry's (src/models/registry.py):
-every model family registers its builders there, and the checks here read it.
+Which names `model.name` may take, each one's task and its family's own options are the registry's
+(src/models/registry.py): every model family registers its builders there (with `options=`, the dataclass of
+the keys it adds to the `model` group), and the checks here read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from src.dataclass_config import Owned, extend, foreign_settings, section
 from src.models.pretrained import check_cached_when_offline, is_weights_name, torchvision_weights, weights_source
 from src.models.registry import MODELS
 
@@ -22,26 +25,11 @@ BATCHNORM_KINDS = ("bn", "syncbn", "torch_syncbn", "frozen_bn")
 
 @dataclass
 class ModelConfig:
-    """`model` config group: which network to build and how (conf/model/*.yaml)."""
+    """`model` config group: which network to build and how (conf/model/*.yaml). These are the keys every model
+    family reads; a family's own keys (model.output_stride, model.head_channels, ...) are declared next to its
+    builder (`MODELS.register(..., options=...)`) and added to this schema by model_schema()."""
 
     name: str = "resnet20"
-    # Segmentation only: backbone output stride (8 -> dilation in layer3+layer4, ASPP rates 12/24/36;
-    # 16 -> dilation in layer4, ASPP rates 6/12/18). Checked for every model so a typo never hides.
-    output_stride: int = 16
-    # Segmentation only: weight of the auxiliary FCN head's loss (on layer3); 0 builds no aux head.
-    aux_loss_weight: float = 0.0
-    # Segmentation: width of the ASPP / decoder convolutions; detection: of the FPN and the heads (256 in the
-    # papers and in torchvision; FCOS and RetinaNet need a multiple of 32 >= 64: their heads use GroupNorm(32)).
-    head_channels: int = 256
-    # DeepLabV3+ only: output stride of the decoder's logits. 4 = the paper's decoder on layer1 features;
-    # 2 = a further stage on the stem's features, for small images (64 px: 32x32 logits instead of 16x16).
-    decoder_stride: int = 4
-    # Detection only: null = images keep the size the data gives them; S = each image is resized so that its
-    # longer side is S pixels (torchvision's min_size = max_size = S), boxes with it, and back for predictions.
-    detection_image_size: Optional[int] = None
-    # CIFAR ResNets only: "A" = parameter-free identity shortcut with zero-padded channels (the paper's
-    # CIFAR choice, 0.27M params for ResNet-20), "B" = 1x1 conv + norm projection when the shape changes.
-    cifar_shortcut: str = "A"
     # Zero-init the last norm layer's weight in every residual block (Goyal et al. 2017).
     zero_init_residual: bool = False
     # ResNet weights for the backbone (`fc.*` and a classifier's head are ignored): a local file (torchvision
@@ -75,28 +63,7 @@ class ModelConfig:
         elif self.arch is not None or self.kwargs:
             raise ValueError(f"model.arch and model.kwargs apply only to model=timm / model=torchvision; "
                              f"remove them for model={self.name}")
-        if self.output_stride not in (8, 16):
-            raise ValueError(f"model.output_stride must be 8 or 16, got {self.output_stride}")
-        if not (isinstance(self.aux_loss_weight, (int, float)) and math.isfinite(self.aux_loss_weight)
-                and self.aux_loss_weight >= 0):
-            raise ValueError(f"model.aux_loss_weight must be a finite number >= 0 (0 = no aux head), "
-                             f"got {self.aux_loss_weight}")
-        if self.aux_loss_weight > 0 and not entry.info.get("aux_head"):
-            aux = ", ".join(dict.fromkeys(e.info.get("family", e.name) for e in MODELS if e.info.get("aux_head")))
-            raise ValueError(f"model.aux_loss_weight applies only to segmentation models with an auxiliary head "
-                             f"({aux or 'none registered'}); set model.aux_loss_weight=0 for {self.name}")
-        if self.detection_image_size is not None:
-            if not entry.info.get("detection_image_size"):
-                raise ValueError(f"model.detection_image_size applies only to detection models; set "
-                                 f"model.detection_image_size=null for {self.name}")
-            if not isinstance(self.detection_image_size, int) or self.detection_image_size < 32:
-                raise ValueError(f"model.detection_image_size must be an int >= 32 (pixels of an image's longer "
-                                 f"side) or null (keep the data's size), got {self.detection_image_size!r}")
-        if self.head_channels < 1:
-            raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
-        check_decoder_stride(self.name, self.decoder_stride)
-        if self.cifar_shortcut not in ("A", "B"):
-            raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
+        _check_family_options(self, entry)
         if self.weights and self.backbone_weights:
             raise ValueError("model.weights (whole model) and model.backbone_weights are both set; "
                              "keep one: model.backbone_weights=null when model.weights is given")
@@ -108,7 +75,7 @@ class ModelConfig:
             if path and not is_weights_name(path) and not os.path.isfile(os.path.expanduser(path)):
                 raise ValueError(f"model.{key}: no file at {path!r}. Nothing is downloaded (offline); copy the "
                                  f"weights file there or set model.{key}=null")
-        if "check" in entry.info:  # the family's own options (e.g. model.arch exists in timm)
+        if "check" in entry.info:  # the family's own rules across its options (e.g. model.arch exists in timm)
             entry.info["check"](self)
 
     def _validate_pretrained(self, family: Optional[str]) -> None:
@@ -127,15 +94,42 @@ class ModelConfig:
                              "model.weights=null model.backbone_weights=null, or model.pretrained=false")
 
 
-def check_decoder_stride(name: str, decoder_stride: int) -> None:
-    """The one decoder_stride rule (config validation and build_deeplab): 4 for every model, 2 also for
-    DeepLabV3+, whose decoder can add a stage on the stem's features."""
-    if decoder_stride not in (2, 4):
-        raise ValueError(f"model.decoder_stride must be 4 or 2, got {decoder_stride}")
-    family = MODELS.get(name).info.get("family") if name in MODELS else None
-    if decoder_stride != 4 and family != "deeplabv3plus":
-        raise ValueError(f"model.decoder_stride={decoder_stride} applies only to DeepLabV3+ "
-                         f"(deeplabv3plus_*); set model.decoder_stride=4 for {name}")
+def family_options() -> list[Owned]:
+    """(family, its option dataclass) of every registered model that declares options, once per family."""
+    return list(dict.fromkeys((e.info.get("family", e.name), e.info["options"]) for e in MODELS
+                              if e.info.get("options") is not None))
+
+
+def model_schema() -> type[ModelConfig]:
+    """The `model` group's schema: ModelConfig with every registered family's options."""
+    return _schema(tuple(family_options()))
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(parts: tuple[Owned, ...]) -> type[ModelConfig]:
+    return extend(ModelConfig, parts)
+
+
+def model_config(**values: Any) -> ModelConfig:
+    """A `model` group config (model_schema()) from keyword values, the others at their defaults."""
+    return model_schema()(**values)
+
+
+def _check_family_options(cfg: ModelConfig, entry: Any) -> None:
+    """The model's family checks its own options; an option of another family set away from its default is
+    refused (nothing would read it)."""
+    full = model_schema()
+    if not isinstance(cfg, full):  # the core keys alone: the families' options at their defaults
+        cfg = full(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
+    own = entry.info.get("options")
+    if own is not None:
+        options = section(cfg, own)
+        if hasattr(options, "validate"):
+            options.validate()
+    family = entry.info.get("family", entry.name)
+    for key, value, owners in foreign_settings(cfg, family_options(), {family} if own is not None else set()):
+        raise ValueError(f"model.{key} applies only to {', '.join(owners)} models, not to model={cfg.name}: "
+                         f"remove model.{key}={value!r}")
 
 
 @dataclass

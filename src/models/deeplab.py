@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -12,7 +14,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
 from torchvision.models.segmentation.fcn import FCNHead
 
-from src.models.config import ModelConfig, NormConfig, check_decoder_stride
+from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory, replace_batchnorm2d
 from src.models.registry import MODELS
 from src.models.resnet import build_dilated_resnet, feature_channels
@@ -26,6 +28,50 @@ OUTPUT_STRIDES: dict[int, tuple[tuple[bool, bool, bool], tuple[int, int, int]]] 
 }
 LOW_LEVEL_CHANNELS = 48  # DeepLabV3+ paper: project layer1 features to 48 channels
 FINE_CHANNELS = 16  # decoder_stride=2: the stem's features, projected like the low-level ones but narrower
+
+
+@dataclass
+class DeepLabOptions:
+    """The `model` keys the DeepLab models read (conf/model/deeplabv3*.yaml)."""
+
+    # Backbone output stride: 8 -> dilation in layer3+layer4, ASPP rates 12/24/36; 16 -> dilation in layer4,
+    # ASPP rates 6/12/18.
+    output_stride: int = 16
+    # Weight of the auxiliary FCN head's loss (on layer3); 0 builds no aux head.
+    aux_loss_weight: float = 0.0
+    # Width of the ASPP / decoder convolutions (256 in the papers and in torchvision).
+    head_channels: int = 256
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key."""
+        if self.output_stride not in OUTPUT_STRIDES:
+            raise ValueError(f"model.output_stride must be 8 or 16, got {self.output_stride}")
+        if not (isinstance(self.aux_loss_weight, (int, float)) and math.isfinite(self.aux_loss_weight)
+                and self.aux_loss_weight >= 0):
+            raise ValueError(f"model.aux_loss_weight must be a finite number >= 0 (0 = no aux head), "
+                             f"got {self.aux_loss_weight}")
+        if self.head_channels < 1:
+            raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
+
+
+@dataclass
+class DeepLabV3PlusOptions(DeepLabOptions):
+    """DeepLabV3+'s: DeepLab's and the decoder's output stride."""
+
+    # Output stride of the decoder's logits. 4 = the paper's decoder on layer1 features; 2 = a further stage on
+    # the stem's features, for small images (64 px: 32x32 logits instead of 16x16).
+    decoder_stride: int = 4
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key."""
+        super().validate()
+        check_decoder_stride(self.decoder_stride)
+
+
+def check_decoder_stride(decoder_stride: int) -> None:
+    """The one decoder_stride rule (config validation and build_deeplab)."""
+    if decoder_stride not in (2, 4):
+        raise ValueError(f"model.decoder_stride must be 4 or 2, got {decoder_stride}")
 
 
 def deeplab_head(in_channels: int, num_classes: int, rates: Sequence[int], channels: int = 256) -> nn.Sequential:
@@ -114,7 +160,10 @@ def build_deeplab(name: str, num_classes: int, norm_layer: NormLayer, output_str
     decoder_stride (DeepLabV3+ only): 4 = the paper's decoder on layer1; 2 = also a stage on the stem's features.
     """
     variant, backbone_name = name.split("_", 1)
-    check_decoder_stride(name, decoder_stride)
+    check_decoder_stride(decoder_stride)
+    if decoder_stride != 4 and variant != "deeplabv3plus":
+        raise ValueError(f"decoder_stride={decoder_stride} applies only to DeepLabV3+ (deeplabv3plus_*); "
+                         f"use decoder_stride=4 for {name}")
     dilate, rates = OUTPUT_STRIDES[output_stride]
     resnet = build_dilated_resnet(backbone_name, norm_layer, dilate, zero_init_residual)
     channels = feature_channels(backbone_name)
@@ -146,12 +195,13 @@ def _builder(name: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:
         """This DeepLab variant and backbone with the configured norm and head options."""
         return build_deeplab(name, num_classes, norm_layer_factory(norm_cfg), cfg.output_stride,
                              aux=cfg.aux_loss_weight > 0, head_channels=cfg.head_channels,
-                             zero_init_residual=cfg.zero_init_residual, decoder_stride=cfg.decoder_stride)
+                             zero_init_residual=cfg.zero_init_residual, decoder_stride=getattr(cfg, "decoder_stride", 4))
     return build
 
 
 for _variant in ("deeplabv3", "deeplabv3plus"):
     for _backbone in BACKBONES:
         MODELS.register(f"{_variant}_{_backbone}", task="segmentation", family=_variant, backbone=_backbone,
-                        backbone_attr="backbone", aux_head=True)(
+                        backbone_attr="backbone",
+                        options=DeepLabV3PlusOptions if _variant == "deeplabv3plus" else DeepLabOptions)(
             _builder(f"{_variant}_{_backbone}"))

@@ -21,6 +21,7 @@ never a target's or a prediction's label; objects are 1..num_classes-1).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
@@ -201,12 +202,33 @@ def _builder(family: str, backbone: str) -> Callable[[ModelConfig, NormConfig, i
     return build
 
 
+@dataclass
+class DetectorOptions:
+    """The `model` keys the detectors read (conf/model/{fcos,retinanet,fasterrcnn}_*.yaml)."""
+
+    # Width of the FPN and the heads (256 in the papers and in torchvision; FCOS and RetinaNet need a multiple of
+    # 32 >= 64: their heads use GroupNorm(32)).
+    head_channels: int = 256
+    # null = images keep the size the data gives them; S = each image is resized so that its longer side is S
+    # pixels (torchvision's min_size = max_size = S), boxes with it, and back for predictions.
+    detection_image_size: Optional[int] = None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key."""
+        if self.head_channels < 1:
+            raise ValueError(f"model.head_channels must be >= 1, got {self.head_channels}")
+        if self.detection_image_size is not None and (not isinstance(self.detection_image_size, int)
+                                                      or self.detection_image_size < 32):
+            raise ValueError(f"model.detection_image_size must be an int >= 32 (pixels of an image's longer side) "
+                             f"or null (keep the data's size), got {self.detection_image_size!r}")
+
+
 def _register() -> None:
     for family, (_, group_norm_heads) in FAMILIES.items():
         checks = {"check": check_group_norm_heads} if group_norm_heads else {}
         for backbone in BACKBONES:
             MODELS.register(f"{family}_{backbone}", task="detection", family=family, backbone=backbone,
-                            backbone_attr=BACKBONE_ATTR, detection_image_size=True, **checks)(
+                            backbone_attr=BACKBONE_ATTR, options=DetectorOptions, **checks)(
                 _builder(family, backbone))
 
 

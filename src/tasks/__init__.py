@@ -1,8 +1,9 @@
 """Tasks: what classification, segmentation, ... each mean to the loop, evaluation and the commands.
 
-Each task is one module here that registers one Task instance (src/tasks/base.py is the interface,
-src/tasks/registry.py the registry). Every module of this package is imported here, so adding a task is adding
-its module (plus its TaskData in the data layer, its datasets and models, registered with its name).
+Each task is one package here (src/tasks/<task>/) that registers one Task instance and holds its pieces
+(src/tasks/base.py is the interface, src/tasks/registry.py the registry, docs/tasks.md the guide). Every
+package and module of this one is imported here, so adding a task is adding its package (plus its datasets
+and models, registered with its name): no list to extend.
 """
 from __future__ import annotations
 

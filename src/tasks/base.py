@@ -1,17 +1,20 @@
 """The task interface: everything that differs between classification, segmentation, detection, ...
 
-A task is one object, registered once (src/tasks/registry.py) under the name that its datasets and models
-are registered with (`@DATASETS.register(..., task="detection")`). The engine and the commands only call
-these methods; no code outside src/tasks/ (and the data layer's TaskData, src/data/task_data.py, which
-holds the task's transforms and collation) asks which task it is running.
+A task is one object, registered once (src/tasks/registry.py) by its package src/tasks/<task>/, under the name
+that its datasets and models are registered with (`@DATASETS.register(..., task="detection")`). Config
+validation resolves the run's task once (`config.task`) and hands it down; the engine and the commands only
+call these members and never ask which task it is running (docs/tasks.md is the guide).
 
 Who calls what:
-- config validation: `metrics`, `per_class_prefix`, `higher_is_better`, `validate(config)`;
-- the training loop: `to_device`, `batch_size`, `forward` (training mode), `loss(...)`'s function;
-- evaluation (src/engine/evaluation/evaluator.py): `eval_batch`, `eval_forward`, `evaluator(...)`, whose
-  `process` sees every batch and whose `compute` (every rank, collectives) returns the metrics;
+- config validation: `metrics` and their directions (`higher_is_better`), `per_class_prefix`, `config_options`
+  (the task's keys in the config groups, src/dataclass_config.py), `validate(config)`;
+- the training run: `data` (TaskData: transforms and collation of Batches, src/data/batch.py), `options(config)`
+  (one object) for `loss(options)` and `batch_mix(options, ...)`, `forward` (training mode);
+- evaluation (src/engine/evaluation/evaluator.py): `evaluator(context)`, whose `process` sees every batch and
+  whose `compute` (every rank, collectives) returns the metrics;
 - TensorBoard: `log_train_samples`, `log_eval_pictures`;
-- predict.py: `predict_batch_size`, `predict`; export.py: `export_size`; the dry run: `describe_output`.
+- predict.py: `predict_options`, `predict_settings`, `predict_batch_size`, `predict`; export.py: `export_output`,
+  `export_size`; the dry run: `describe_output`.
 
 The defaults below are those of a model that maps a stacked image batch to one tensor (a classifier); a task
 overrides what differs.
@@ -20,14 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
 
-from src.data.device_transforms import DeviceTransform, move_batch
-from src.data.task_data import TaskData, task_data
+from src.data.task_data import TaskData
+from src.dataclass_config import section
 
+MAX, MIN = "max", "min"  # which way a metric improves
 Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
 
 
@@ -38,7 +42,6 @@ class EvalContext:
     num_classes: int
     device: torch.device
     dataset_size: Optional[int]  # None when the loader's dataset has no len(): the each-once check is then partial
-    ignore_index: int = 255
     class_names: Optional[list[str]] = None
     # `loss_fn(outputs, targets)`: unreduced losses (or a 0-dim mean) instead of the task's own loss.
     loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None
@@ -59,74 +62,80 @@ class Task:
     """One kind of problem; subclass and register an instance (src/tasks/registry.py)."""
 
     name: str = ""
-    metrics: tuple[str, ...] = ()  # validation metrics; the first ranks best-k checkpoints by default
-    per_class_prefix: Optional[str] = None  # e.g. "iou_": per-class metrics named <prefix><class> also exist
-    mixing: bool = False  # trainer.mixup_alpha / cutmix_alpha (MixUp / CutMix of batch and labels) apply
+    # Validation metrics and which way each improves (MAX or MIN); the first ranks best-k checkpoints by default.
+    metrics: Mapping[str, str] = {}
+    # Per-class metrics named <prefix><class> also exist (e.g. "iou_"), improving this way.
+    per_class_prefix: Optional[str] = None
+    per_class_direction: str = MAX
+    data: TaskData  # the data layer's part of the task: transforms and collation (src/data/task_data.py)
+    # The keys this task adds to config groups, by group ("data", "trainer"): a dataclass each, in the task's
+    # options.py, which src/config.py adds to the group's schema (the keys stay data.crop_size, ...). Each
+    # dataclass's validate() checks them; a run of another task refuses them when set.
+    config_options: Mapping[str, type] = {}
+    predict_options: Optional[type] = None  # predict.py's keys this task reads (e.g. topk), a dataclass
 
     # --- config --------------------------------------------------------------------------------------------
     @property
     def default_metric(self) -> str:
         """What trainer.best_metric=auto ranks checkpoints by."""
-        return self.metrics[0]
+        return next(iter(self.metrics))
 
     def knows_metric(self, name: str) -> bool:
         """Whether evaluation reports `name` (a per-class metric counts)."""
         return name in self.metrics or (self.per_class_prefix is not None and name.startswith(self.per_class_prefix))
 
-    @staticmethod
-    def higher_is_better(metric: str) -> bool:
-        """Losses (an EMA's too) fall, everything else rises: best-k checkpoints and early stopping's auto mode."""
-        return not metric.endswith("loss")
+    def higher_is_better(self, metric: str) -> bool:
+        """The direction this task declares for `metric` (an EMA twin `ema_<name>` goes its model's way): what
+        best-k checkpoints and early stopping's mode=auto rank by. ValueError for a metric it does not report."""
+        name = metric if self.knows_metric(metric) else metric.removeprefix("ema_")
+        if name in self.metrics:
+            return self.metrics[name] == MAX
+        if self.knows_metric(name):
+            return self.per_class_direction == MAX
+        raise ValueError(f"{metric!r} is not a {self.name} metric; its metrics: {', '.join(self.metrics)}"
+                         + (f", {self.per_class_prefix}<class name>" if self.per_class_prefix else ""))
 
     def validate(self, config: Any) -> None:
-        """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig)."""
-        trainer = config.trainer
-        if not self.mixing and (trainer.mixup_alpha > 0 or trainer.cutmix_alpha > 0):
-            raise ValueError(f"trainer.mixup_alpha / trainer.cutmix_alpha mix images and their labels, which "
-                             f"{self.name} does not support; set them to 0")
+        """Refuse, before any process starts, what this task cannot do with `config` (a TrainConfig): its own
+        options' values (each config_options dataclass's validate()), and what a subclass adds."""
+        for group, schema in self.config_options.items():
+            options = section(getattr(config, group), schema)
+            if hasattr(options, "validate"):
+                options.validate()
 
-    # --- data ----------------------------------------------------------------------------------------------
-    @property
-    def data(self) -> TaskData:
-        """The data layer's part of the task: transforms and collation (src/data/task_data.py)."""
-        return task_data(self.name)
+    def predict_settings(self, cfg: Any) -> Any:
+        """predict.py's options of this task from its config `cfg` (predict_options, validated), or None."""
+        if self.predict_options is None:
+            return None
+        options = section(cfg, self.predict_options)
+        if hasattr(options, "validate"):
+            options.validate()
+        return options
 
     # --- training ------------------------------------------------------------------------------------------
-    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
-                  transform: Optional[DeviceTransform] = None) -> tuple[Any, Any]:
-        """A training batch from the loader on the device, images in the model's dtype."""
-        return move_batch(images, targets, device=device, dtype=dtype, transform=transform)
-
-    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> Any:
-        """Images of a batch (evaluation, predict.py, the dry run) on the device in the model's dtype."""
-        return images.to(device, dtype, non_blocking=True)
-
-    def batch_size(self, images: Any) -> int:
-        """Samples in a batch (the loss is averaged over micro-batches weighted by it)."""
-        return int(images.shape[0])
-
     def forward(self, module: nn.Module, images: Any, targets: Any) -> Any:
-        """The training forward; models that compute their own losses take the targets here."""
+        """The training forward of a Batch's images and targets (src/data/batch.py); models that compute their own
+        losses take the targets here."""
         return module(images)
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
-        """The training loss of `forward`'s outputs (a subclass must say)."""
+    def options(self, config: Any) -> Any:
+        """This task's options of the run `config` (a validated TrainConfig), as one object: what its loss, batch
+        mixing and pictures read (default: none)."""
+        return None
+
+    def loss(self, options: Any) -> Loss:
+        """The training loss of `forward`'s outputs, with the run's `options()` (a subclass must say)."""
         raise NotImplementedError(f"task {self.name!r} defines no training loss")
+
+    def batch_mix(self, options: Any, num_classes: int) -> Optional[Callable[[Any, Any], tuple[Any, Any]]]:
+        """What mixes each training batch and its targets before the forward (MixUp, CutMix), or None."""
+        return None
 
     def describe_output(self, outputs: Any) -> str:
         """The dry run's one-line description of a forward's outputs."""
         return str(tuple(outputs.shape))
 
     # --- evaluation ----------------------------------------------------------------------------------------
-    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
-        """(images in `dtype`, targets, dataset indices on the CPU) from an evaluation loader's batch."""
-        images, targets, indices = unpack_eval_batch(batch)
-        return self.move_images(images, device, dtype), targets.to(device, non_blocking=True), indices
-
-    def eval_forward(self, net: nn.Module, images: Any) -> Any:
-        """The eval-mode forward whose outputs `evaluator().process` receives."""
-        return net(images)
-
     def evaluator(self, context: EvalContext) -> Evaluator:
         """A fresh accumulator for one evaluation (a subclass must say)."""
         raise NotImplementedError(f"task {self.name!r} defines no evaluator")
@@ -137,7 +146,7 @@ class Task:
         """Pictures of a training batch, once per run (default: none)."""
 
     def log_eval_pictures(self, writer: Any, model: nn.Module, dataset: Any, step: int, device: torch.device, *,
-                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+                          mean: Sequence[float], std: Sequence[float], amp: str) -> None:
         """Pictures after an evaluation (default: none)."""
 
     # --- predict.py / export.py -----------------------------------------------------------------------------
@@ -146,23 +155,18 @@ class Task:
         return requested
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
-        """Write predict.py's output for this rank's `batches` of (images, indices) and return what was written
-        (every rank calls it; rank 0 writes). `forward(images)` runs the model in eval mode under the run's
-        autocast; `files` are the inputs' relative paths, by index; `draw` and `score_threshold` are predict.py's
-        options for tasks that draw their predictions and score them (detection)."""
+                class_names: list[str], batch_count: int, options: Any) -> Path:
+        """Write predict.py's output for this rank's `batches` (Batches of images and indices, no targets) and
+        return what was written (every rank calls it; rank 0 writes). `forward(batch)` runs the model in eval mode
+        under the run's autocast; `files` are the inputs' relative paths, by index; `batch_count` this rank's
+        number of batches; `options` this task's predict_settings (e.g. topk)."""
         raise NotImplementedError(f"predict.py does not support task {self.name!r}")
+
+    def export_output(self, outputs: Any) -> torch.Tensor:
+        """The one tensor export.py's file returns of the model's eval outputs (default: the outputs)."""
+        return outputs
 
     def export_size(self, train_data: Any) -> int:
         """The side of export.py's example image for a run trained with data config `train_data`."""
         return int(train_data.image_size)
 
-
-def unpack_eval_batch(batch: Any) -> tuple[Any, Any, torch.Tensor]:
-    """(images, targets, dataset indices as CPU int64) of an evaluation loader's batch; ValueError otherwise."""
-    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-        raise ValueError("the evaluation loader must yield (images, targets, indices); build it with "
-                         "src.data.build_eval_loader, whose ExactEvalSampler provides the dataset indices")
-    images, targets, indices = batch
-    return images, targets, torch.as_tensor(indices, dtype=torch.int64).cpu()

@@ -1,6 +1,7 @@
-"""Helpers the tasks' evaluators share: the exactly-once check and a caller's own loss function."""
+"""Helpers the tasks' evaluators share: the exactly-once check, a caller's own loss function, metric names."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional
 
 import torch
@@ -17,3 +18,8 @@ def check_each_sample_once(indices: torch.Tensor, expected: Optional[int]) -> No
     """Raise when a sample was evaluated twice or skipped: the metrics would not be exact."""
     check_each_index_once(indices.tolist(), expected, "validation samples",
                           "build the loader with src.data.build_eval_loader (not a padding DistributedSampler)")
+
+
+def metric_name(class_name: str) -> str:
+    """A class name made safe for a metric key / TensorBoard tag ("traffic light" -> "traffic_light")."""
+    return re.sub(r"[^0-9A-Za-z_.-]+", "_", class_name.strip()) or "unnamed"

@@ -1,17 +1,11 @@
-"""predict.py's files: which inputs, in which order, and where each prediction is written.
+"""predict.py's inputs: which files, in which order, read how (each task writes its own outputs).
 
 Inputs: one image file, or every image under a folder (recursively; hidden files and folders skipped,
 extensions as ImageFolder's in any case), sorted by relative path, so the order, and therefore each
-rank's shard, is the same on every process. Outputs keep the relative path:
-- classification: out/predictions.csv, one row per input: file, then class_1, prob_1 ... class_k, prob_k
-  (the k most probable classes, most probable first);
-- segmentation: out/<relative path>.png with the extension replaced (photos/a.jpg -> out/photos/a.png);
-  when two inputs in one folder differ only in extension (a.jpg, a.png), both keep it (a.jpg.png, a.png.png).
+rank's shard, is the same on every process. Outputs keep the relative path (the tasks' predictions.py).
 """
 from __future__ import annotations
 
-import csv
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,8 +13,6 @@ import torch
 from torch.utils.data import Dataset
 
 from src.data.image_files import IMAGE_EXTENSIONS, list_files, load_rgb
-
-PREDICTIONS_CSV = "predictions.csv"
 
 
 def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[Path]]:
@@ -47,15 +39,8 @@ def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[P
     return source, found
 
 
-def mask_names(relative: list[Path]) -> list[Path]:
-    """The output path (relative to out/) of each input's mask: extension -> .png, unless two would collide."""
-    plain = [r.with_suffix(".png") for r in relative]
-    taken = Counter(plain)
-    return [p if taken[p] == 1 else r.with_name(r.name + ".png") for r, p in zip(relative, plain)]
-
-
 class ImageFiles(Dataset):
-    """(transformed image, index) for each file, read as RGB (the training data's loader)."""
+    """(transformed image, None, index) for each file, read as RGB (the training data's loader)."""
 
     def __init__(self, base: Path, relative: list[Path], transform: Callable[[Any], torch.Tensor]) -> None:
         self.paths = [base / r for r in relative]
@@ -64,18 +49,7 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, None, int]:
+        """(image, no target, index): the samples a task's collation makes a Batch of."""
         image = self.transform(load_rgb(self.paths[index]))
-        return image.as_subclass(torch.Tensor), index
-
-
-def write_predictions_csv(path: Path, files: list[str], classes: list[list[str]], probs: list[list[float]]) -> None:
-    """The classification table: one row per file, k (class, probability) pairs per row."""
-    k = len(classes[0]) if classes else 0
-    header = ["file"] + [f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)  # quotes class names or file names that contain commas
-        writer.writerow(header)
-        for file, names, ps in zip(files, classes, probs):
-            writer.writerow([file] + [v for name, p in zip(names, ps) for v in (name, f"{p:.6f}")])
+        return image.as_subclass(torch.Tensor), None, index

@@ -27,7 +27,7 @@ def get_task(name: str) -> Task:
         return _TASKS[name]
     except KeyError:
         raise ValueError(f"task {name!r} is not registered; registered tasks: {', '.join(_TASKS)} (a task is a "
-                         "module in src/tasks/: docs/training.md, 'Add your own task')") from None
+                         "package in src/tasks/: docs/tasks.md, 'Add your own task')") from None
 
 
 def task_names() -> tuple[str, ...]:

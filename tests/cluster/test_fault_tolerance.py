@@ -61,7 +61,7 @@ import sys
 from pathlib import Path
 import torch
 from src.engine.checkpoint.files import CheckpointSaver
-saver = CheckpointSaver(Path(sys.argv[1]), "top1", 0)
+saver = CheckpointSaver(Path(sys.argv[1]), "top1", 0, higher_is_better=True)
 numel = int(sys.argv[2])
 step = 0
 while True:

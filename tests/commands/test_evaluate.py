@@ -1,5 +1,6 @@
 """`evaluate.py` end to end: it reproduces the validation metrics the trainer logged for the same checkpoint,
-alone and under torchrun, for classification and segmentation, and exports complete, ordered predictions.
+alone and under torchrun, for classification (each task's own: tests/tasks/<task>/test_evaluate.py), and exports
+complete, ordered predictions.
 
 Real subprocesses (`python train.py`, `torchrun ... evaluate.py`), tiny sizes, one CPU thread each.
 Counted metrics (top-1/top-5, the confusion-matrix metrics) must be equal exactly: they are sums of
@@ -21,15 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
-from PIL import Image
 
 from src.commands.evaluate import run
 from src.commands.trained_run import overrides_of
 from src.engine.checkpoint.state import model_weights
 from tests.support.trained_runs import CLS_VAL_SIZE
-# part: segmentation
-from tests.support.trained_runs import SEG_CLASSES, SEG_STEPS, SEG_VAL_SIZE
-# /part
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -112,35 +109,6 @@ def test_evaluate_ema_weights_reproduce_logged_ema_metrics(trained_cls_run: Path
     assert ema["top1"] != logged["top1"] or ema["loss"] != logged["loss"]  # really other weights
 
 
-# part: segmentation
-@pytest.mark.slow
-def test_tiny_deeplab_trained_on_two_processes_logs_its_evaluation(trained_seg_run: Path) -> None:
-    """The shared segmentation run: torchrun 2-process DeepLab (SyncBN) training on shapes_seg."""
-    logged = last_val_row(trained_seg_run)
-    assert logged["step"] == SEG_STEPS and 0 <= logged["miou"] <= 1
-
-
-@pytest.mark.slow
-def test_tiny_deeplab_trained_on_two_processes_and_evaluated(trained_seg_run: Path, tmp_path: Path) -> None:
-    """The shared segmentation run evaluated by evaluate.py alone and on 2 processes."""
-    logged = last_val_row(trained_seg_run)
-    ckpt = trained_seg_run / "checkpoints" / "last.pt"
-
-    run_cmd([sys.executable, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'one.json'}"])
-    one = json.loads((tmp_path / "one.json").read_text())
-    assert {"miou", "pixel_acc", "loss"} <= set(one) and any(k.startswith("iou_") for k in one)
-    assert_reproduces(one, logged)
-
-    torchrun(2, "evaluate.py", f"ckpt={ckpt}", f"out={tmp_path / 'two.json'}", f"export={tmp_path / 'masks'}")
-    assert_reproduces(json.loads((tmp_path / "two.json").read_text()), logged)
-    files = sorted(p.name for p in (tmp_path / "masks").iterdir())
-    assert files == [f"{i:06d}.png" for i in range(SEG_VAL_SIZE)]
-    sizes = {Image.open(tmp_path / "masks" / f).size for f in files}
-    assert len(sizes) > 1  # variable_val_size: each image evaluated (and exported) at its own size
-    assert all(np.array(Image.open(tmp_path / "masks" / f)).max() < SEG_CLASSES for f in files)
-# /part
-
-
 def _compose(*overrides: str):
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         return compose("evaluate", overrides=list(overrides))
@@ -183,13 +151,3 @@ def test_ema_requested_without_ema_weights_is_an_error() -> None:
     assert model_weights({"model": {}, "ema": {"module.w": 1, "n_averaged": 3}}, True, "x.pt") == {"w": 1}
 
 
-# part: segmentation
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")
-                                              if "seg" in p.stem or p.stem.startswith(("voc", "cityscapes"))))
-def test_segmentation_recipes_compose_and_validate(experiment: str) -> None:
-    from src.config import task_of, validate_config
-
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        cfg = validate_config(compose("train", overrides=[f"experiment={experiment}"]))
-    assert task_of(cfg) == "segmentation" and cfg.sched.name == "poly" and cfg.norm.name == "syncbn"
-# /part

@@ -1,6 +1,7 @@
 """export.py: a SyncBN checkpoint, written by the real checkpoint writer, exported in each format; the file's
 outputs on real images (the embedded shapes sets) equal PyTorch's at two batch sizes and, where the model
-allows, another image size, for a classifier and a segmenter.
+allows, another image size, for a classifier (a task's own models: tests/tasks/<task>/test_export.py, which
+reuses these tests with its MODELS).
 
 Tolerances (measured on a 2-core AMD EPYC VM, float32, one thread, logits scaled to |logit| ~2-7):
 - ExportedProgram and TorchScript run PyTorch's own kernels: max |difference| measured 0 (bit-identical) for
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 import src.config  # noqa: F401  (registers train_schema)
 from src.commands.export import FORMATS, SUFFIXES, inference_module, load_trained_model, run
 from src.config import config_dict, validate_config
-from src.data import build_datasets
+from tests.support.task_data import build_datasets
 from src.engine.checkpoint.files import atomic_write_bytes, serialize
 from src.engine.checkpoint.state import TrainState
 from src.engine.optim import build_optimizer, build_scheduler
@@ -33,15 +34,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # reference forwards on one 
 REPO = Path(__file__).resolve().parents[2]
 EXACT_ATOL = 1e-5  # ExportedProgram / TorchScript: PyTorch's kernels (measured 0)
 ORT_ATOL, ORT_RTOL = 1e-4, 1e-5  # onnxruntime's kernels (measured <= 1.4e-6)
+Checkpoint = tuple[str, Path, dict, list[str]]  # kind, file, weights, overrides
 
 MODELS = {
     # A CIFAR ResNet-20 on shapes (32x32): classifier with global pooling, any image size.
     "classifier": ["model=resnet20", "norm=syncbn", "data=shapes", "data.num_classes=4"],
-    # part: segmentation
-    # The segmentation demo's DeepLabV3+ (stride-2 decoder stage, aux head) made narrow: a small segmenter.
-    "segmenter": ["experiment=shapes_seg_deeplabv3plus", "model.head_channels=16", "data.image_size=48",
-                  "data.crop_size=48", "trainer.amp=none"],
-    # /part
 }
 
 
@@ -84,21 +81,27 @@ def model_logit_scale(model: torch.nn.Module, cfg) -> float:
     """The largest |logit| of the model (eval mode) on a random batch."""
     side = cfg.data.image_size
     with torch.no_grad():
-        out = inference_module(model)(torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
+        out = inference_module(model, cfg.task.export_output)(
+            torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
     model.train()
     return float(out.abs().max())
 
 
+def written_checkpoint(kind: str, overrides: list[str], factory: pytest.TempPathFactory) -> Checkpoint:
+    """A `checkpoint` fixture's value: (kind, its file, its weights, the overrides it was trained with)."""
+    path = factory.mktemp(kind) / "last.pt"
+    return kind, path, _write_checkpoint(path, overrides), overrides
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict]:
-    path = tmp_path_factory.mktemp(request.param) / "last.pt"
-    return request.param, path, _write_checkpoint(path, MODELS[request.param])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    return written_checkpoint(request.param, MODELS[request.param], tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def reference(checkpoint: tuple[str, Path, dict]) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+def reference(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     """The checkpoint's model as PyTorch runs it, and the real image batches to compare on."""
-    kind, ckpt, _ = checkpoint
+    kind, ckpt, _, _ = checkpoint
     trained = load_trained_model(ckpt)
     val = build_datasets(trained.config.data, seed=0).val
     images = torch.stack([val[i][0] for i in range(5)])
@@ -106,7 +109,7 @@ def reference(checkpoint: tuple[str, Path, dict]) -> tuple[torch.nn.Module, list
     other = torch.nn.functional.interpolate(images[:3], size=(side + 8, side + 16), mode="bilinear",
                                             align_corners=False)
     # Two batch sizes, neither the example's 2, and another, non-square image size.
-    return inference_module(trained.model), [images[:1], images, other]
+    return inference_module(trained.model, trained.task.export_output), [images[:1], images, other]
 
 
 def _export(ckpt: Path, fmt: str, out: Path) -> Path:
@@ -129,9 +132,9 @@ def _runner(fmt: str, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_exported_file_computes_the_checkpoint_model(checkpoint: tuple[str, Path, dict], reference: tuple,
-                                                     fmt: str, tmp_path: Path) -> None:
-    kind, ckpt, _ = checkpoint
+def test_exported_file_computes_the_checkpoint_model(checkpoint: Checkpoint, reference: tuple, fmt: str,
+                                                     tmp_path: Path) -> None:
+    kind, ckpt, _, _ = checkpoint
     model, cases = reference
     out = _export(ckpt, fmt, tmp_path / f"model{SUFFIXES[fmt]}")
     exported = _runner(fmt, out)
@@ -144,20 +147,18 @@ def test_exported_file_computes_the_checkpoint_model(checkpoint: tuple[str, Path
         diff = (got - expected).abs().max().item()
         print(f"{kind} {fmt} {tuple(images.shape)}: max |diff| {diff:.3g}, max |logit| {expected.abs().max():.3g}")
         torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
-    if kind == "segmenter":
-        assert cases[2].shape[-2:] == expected.shape[-2:]  # one logit per pixel at the input's size
 
 
-def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: tuple[str, Path, dict]) -> None:
+def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: Checkpoint) -> None:
     """Also when the model arrives with SyncBatchNorm layers (as a trained model in memory does)."""
-    kind, ckpt, weights = checkpoint
+    kind, ckpt, weights, overrides = checkpoint
     from src.syncbn import SyncBatchNorm
 
-    cfg = _compose(MODELS[kind])
+    cfg = _compose(overrides)
     model = build_model(cfg.model, cfg.norm, len(load_trained_model(ckpt).class_names))
     assert any(isinstance(m, SyncBatchNorm) for m in model.modules())
     model.load_state_dict(weights)
-    exported = inference_module(model)
+    exported = inference_module(model, cfg.task.export_output)
     assert not any(isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)) for m in exported.modules())
     assert not exported.training
     state = exported.model.state_dict()
@@ -165,8 +166,8 @@ def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: tuple[str, P
         assert torch.equal(state[key], value), key
 
 
-def test_bad_arguments_are_refused_naming_the_key(tmp_path: Path, checkpoint: tuple[str, Path, dict]) -> None:
-    _, ckpt, _ = checkpoint
+def test_bad_arguments_are_refused_naming_the_key(tmp_path: Path, checkpoint: Checkpoint) -> None:
+    _, ckpt, _, _ = checkpoint
     base = {"ckpt": str(ckpt), "format": "onnx", "out": str(tmp_path / "m.onnx"), "ema": False, "batch_size": 2,
             "image_size": None}
     cases = [({"format": "tflite"}, ValueError, "format=tflite is not an export format; use one of onnx"),

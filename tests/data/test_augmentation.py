@@ -2,11 +2,17 @@
 evaluation untouched, bad values refused before anything is built."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
-from src.data.config import AUTO_AUGMENT_POLICIES
+from src.data import DATASETS, DataConfig, set_loader_epoch
+from src.models import MODELS
+from src.tasks import task_names
+from tests.support.task_data import build_datasets, build_train_loader
+from src.config import data_config
+from src.tasks.classification.options import AUTO_AUGMENT_POLICIES
 
 POLICIES = [p for p in AUTO_AUGMENT_POLICIES if p != "none"]
 
@@ -14,7 +20,7 @@ POLICIES = [p for p in AUTO_AUGMENT_POLICIES if p != "none"]
 def _cfg(**kw: object) -> DataConfig:
     base = dict(name="shapes", train_size=24, val_size=8, num_classes=4, batch_size=4, eval_batch_size=4)
     base.update(kw)
-    return DataConfig(**base)  # type: ignore[arg-type]
+    return data_config(**base)  # type: ignore[arg-type]
 
 
 def _train_images(cfg: DataConfig, seed: int = 5, epoch: int = 1) -> torch.Tensor:
@@ -56,7 +62,7 @@ def test_world_size_does_not_change_what_each_sample_becomes() -> None:
     def batches(cfg: DataConfig, rank: int, world: int) -> list[torch.Tensor]:
         loader = build_train_loader(bundle.train, cfg, rank, world, seed=11)
         set_loader_epoch(loader, 3)
-        return [x for x, _ in loader]
+        return [x for x, _, _ in loader]
 
     ref = batches(cfg1, 0, 1)
     cfg2 = _cfg(auto_augment="randaugment", random_erase=0.5, batch_size=2)
@@ -78,12 +84,29 @@ def test_evaluation_is_untouched() -> None:
     (dict(random_erase=1.5), r"data.random_erase is a probability in \[0, 1\]"),
     (dict(random_erase=-0.1), "data.random_erase"),
     (dict(auto_augment="autoaugment", augment=False), "data.augment=false"),
-    (dict(name="shapes_seg", num_classes=None, auto_augment="randaugment"), "classification only"),
-    (dict(name="shapes_seg", num_classes=None, random_erase=0.25), "data.random_erase applies to classification"),
 ])
 def test_bad_values_are_refused(kw: dict, match: str) -> None:
+    from src.config import validate_config
+
     with pytest.raises(ValueError, match=match):
-        _cfg(**kw).validate()
+        validate_config({"data": dataclasses.asdict(_cfg(**kw))})
+
+
+# A model and a dataset of each other task this project has (every task's first registered ones).
+OTHER_TASKS = [(MODELS.names(t)[0], DATASETS.names(t)[0]) for t in task_names()
+               if t != "classification" and MODELS.names(t) and DATASETS.names(t)]
+
+
+@pytest.mark.parametrize("model, data", OTHER_TASKS)
+@pytest.mark.parametrize("kw, match", [
+    (dict(auto_augment="randaugment"), "classification only"),
+    (dict(random_erase=0.25), "data.random_erase applies to classification"),
+])
+def test_other_tasks_refuse_them(kw: dict, match: str, model: str, data: str) -> None:
+    from src.config import validate_config
+
+    with pytest.raises(ValueError, match=match):
+        validate_config({"model": {"name": model}, "data": {"name": data, **kw}})
 
 
 def test_the_recipe_that_uses_them_composes_and_validates() -> None:

@@ -13,15 +13,16 @@ import pytest
 import torch
 from torchvision import tv_tensors
 
-from src.data import build_datasets, build_train_loader
+from tests.support.task_data import build_datasets, build_train_loader
 from src.data.config import DataConfig
 from src.data.registry import Splits, dataset_entry
-from tests.support.coco_files import CLASS_NAMES, write_coco_folder
+from src.config import data_config
+from tests.support.coco_files import CLASS_NAMES, tiny_coco, write_coco_folder
 from tests.support import unreadable
 
 
 def _build(root: Path) -> Splits:
-    cfg = DataConfig(name="coco", root=str(root), train_split="train", val_split="val")
+    cfg = data_config(name="coco", root=str(root), train_split="train", val_split="val")
     cfg.validate()
     return dataset_entry("coco").builder(cfg)
 
@@ -38,7 +39,8 @@ def test_loads_with_contiguous_labels_and_drops_crowd_and_zero_area(tmp_path: Pa
     for i, (size, boxes, labels) in expected.items():
         image, target = splits.val[i]
         assert isinstance(image, tv_tensors.Image) and image.dtype == torch.uint8 and tuple(image.shape) == (3, *size)
-        assert set(target) == {"boxes", "labels"}
+        assert set(target) == {"boxes", "labels", "coco"}  # the validation targets carry COCO's ground truth
+        assert set(splits.train[i][1]) == {"boxes", "labels"}
         b = target["boxes"]
         assert isinstance(b, tv_tensors.BoundingBoxes) and b.format == tv_tensors.BoundingBoxFormat.XYXY
         assert tuple(b.canvas_size) == size and b.dtype == torch.float32 and tuple(b.shape) == (len(boxes), 4)
@@ -49,6 +51,21 @@ def test_loads_with_contiguous_labels_and_drops_crowd_and_zero_area(tmp_path: Pa
     x1, y1, x2, y2 = (int(v) for v in target["boxes"][0])
     assert image[:, y1:y2, x1:x2].reshape(3, -1).float().mean(1).tolist() == [220.0, 40.0, 40.0]
     assert splits.train.image_ids == [1, 2, 3, 4]
+
+
+def test_validation_targets_carry_the_ground_truth_as_the_file_has_it(tmp_path: Path) -> None:
+    data = tiny_coco()
+    write_coco_folder(tmp_path)
+    _edit_val(lambda d: (d["images"][3].pop("width"), d["images"][3].pop("height")))(tmp_path)  # sizes are optional
+    splits = _build(tmp_path)
+    truths = [splits.val[i][1]["coco"] for i in range(len(splits.val))]
+    assert [t.image["id"] for t in truths] == [1, 2, 3, 4] and truths[0].category_ids == (3, 7)
+    # Everything the training targets drop is here, unchanged: the crowd region, the zero-width box, ids.
+    assert [[a["id"] for a in t.annotations] for t in truths] == [[100, 101], [102, 103], [104, 105], []]
+    assert truths[1].annotations[1] == data["annotations"][3] and truths[1].annotations[1]["iscrowd"] == 1
+    assert truths[2].annotations[1]["bbox"] == [8, 8, 0, 6]
+    assert truths[0].image == data["images"][0]
+    assert (truths[3].image["width"], truths[3].image["height"]) == (16, 16)  # filled in from the image
 
 
 def _edit_val(change: Callable[[dict], Any]) -> Callable[[Path], None]:
@@ -101,8 +118,8 @@ def test_bad_input_is_named_at_build(tmp_path: Path, spoil: Callable[[Path], Non
 def test_an_image_that_cannot_be_decoded_names_its_file_split_and_sample(tmp_path: Path, num_workers: int) -> None:
     write_coco_folder(tmp_path)
     bad = unreadable.truncate(tmp_path / "train" / "b.jpg")  # image id 2: sample 1
-    cfg = DataConfig(name="coco", root=str(tmp_path), train_split="train", val_split="val", image_size=32,
-                     batch_size=4, num_workers=num_workers)
+    cfg = data_config(name="coco", root=str(tmp_path), train_split="train", val_split="val", image_size=32,
+                      batch_size=4, num_workers=num_workers)
     bundle = build_datasets(cfg, seed=0)
     message = unreadable.error_of_loading(build_train_loader(bundle.train, cfg, 0, 1, seed=0))
     assert unreadable.expected(bad, "training split 'train'", 1) in message

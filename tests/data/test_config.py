@@ -1,13 +1,17 @@
 """DataConfig: every registered dataset has its conf/data file, a valid DataConfig; bad values name the key."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from src.data import DATASETS, build_datasets
-from src.data.config import DataConfig, coerce
+from src.config import DataSchema, data_config, validate_config
+from src.data import DATASETS, dataset_task
+from src.data.config import DataConfig, coerce, data_schema, dataset_options
+from src.models import MODELS
+from tests.support.task_data import build_datasets
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
 
@@ -22,11 +26,22 @@ def test_every_registered_dataset_has_a_config_file_and_every_file_a_dataset() -
 
 @pytest.mark.parametrize("name", sorted(DATASETS.names()))
 def test_each_yaml_is_a_valid_structured_config(name: str) -> None:
-    node = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(CONF / f"{name}.yaml"))
+    """With its dataset's and tasks' options (the run's schema), and validated with a model of its task."""
+    node = OmegaConf.merge(OmegaConf.structured(DataSchema), OmegaConf.load(CONF / f"{name}.yaml"))
     cfg = OmegaConf.to_object(node)
     assert isinstance(cfg, DataConfig) and cfg.name == name
     cfg.validate()
-    assert coerce(node) == cfg
+    model = MODELS.names(dataset_task(name))[0]
+    assert validate_config({"data": OmegaConf.to_container(node), "model": {"name": model}}).data == cfg
+
+
+def test_the_data_layer_schema_holds_the_datasets_options() -> None:
+    """coerce (a mapping or an OmegaConf node -> data_schema()) knows every registered dataset's keys."""
+    schema = data_schema()
+    assert {f.name for f in dataclasses.fields(schema)} >= {f.name for _, part in dataset_options()
+                                                            for f in dataclasses.fields(part)}
+    node = OmegaConf.merge(OmegaConf.structured(schema), {"name": "shapes", "batch_size": 3})
+    assert coerce(node) == schema(name="shapes", batch_size=3) == coerce({"name": "shapes", "batch_size": 3})
 
 
 def test_unknown_key_rejected_by_schema_and_by_coerce() -> None:
@@ -44,20 +59,20 @@ def test_unknown_key_rejected_by_schema_and_by_coerce() -> None:
     ({"train_size": 0}, "data.train_size"),
     ({"image_size": 4}, "data.image_size"),
     ({"num_classes": 9}, "data.num_classes"),
-    ({"name": "shapes_seg", "num_classes": 2}, "data.num_classes"),
     ({"name": "cifar10", "num_classes": 100}, "data.num_classes"),
-    ({"scale_min": 2.0, "scale_max": 1.0}, "data.scale_min"),
     ({"mean": [0.5, 0.5]}, "data.mean"),
     ({"std": [0.2, 0.0, 0.2]}, "data.std"),
-    ({"min_shapes": 3, "max_shapes": 2}, "data.min_shapes"),
     ({"color_jitter": 2.0}, "data.color_jitter"),
-    ({"min_shape_size": 0.3, "max_shape_size": 0.2}, "data.min_shape_size"),
     ({"name": "shapes", "download": True}, "data.download"),
-    ({"name": "imagefolder", "resize_size": 16}, "data.resize_size"),
 ])
 def test_validation_names_the_key(overrides: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        DataConfig(**overrides).validate()
+        data_config(**overrides).validate()
+
+
+def test_resize_size_is_checked_by_the_task_that_reads_it() -> None:
+    with pytest.raises(ValueError, match=r"data\.resize_size must be an integer >= 32, got 16"):
+        validate_config({"data": {"name": "imagefolder", "resize_size": 16, "image_size": 32}})
 
 
 def test_build_datasets_validates_first() -> None:

@@ -17,10 +17,12 @@ import torch
 from PIL import Image
 
 import src.data.device_decode as device_decode
-from src.data import DataConfig, build_datasets, build_train_loader, set_loader_epoch
-from src.data.demo_folders import write_classify
+from src.data import DataConfig, set_loader_epoch
+from tests.support.task_data import build_datasets, build_train_loader
+from src.data.datasets.imagefolder import write_classify
 from src.data.device_decode import EncodedImages, decode_batch
-from src.data.device_transforms import move_batch, prefetch
+from src.data.device_transforms import prefetch
+from src.config import data_config
 
 CPU = torch.device("cpu")
 
@@ -36,7 +38,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(root: Path, decode: bool, workers: int = 0) -> DataConfig:
-    return DataConfig(name="imagefolder", root=str(root), image_size=32, resize_size=40, batch_size=7,
+    return data_config(name="imagefolder", root=str(root), image_size=32, resize_size=40, batch_size=7,
                       num_workers=workers, auto_augment="trivialaugment", random_erase=0.5, color_jitter=0.2,
                       device_transforms=True, decode_on_device=decode)
 
@@ -47,14 +49,13 @@ def _batches(cfg: DataConfig, seed: int = 5) -> list[tuple[torch.Tensor, Any]]:
     loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=seed)
     set_loader_epoch(loader, 1)
     raw = list(loader)
-    assert all(isinstance(images, EncodedImages) for images, _ in raw) == cfg.decode_on_device
-    return list(prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
-                                                      transform=bundle.device_transform), CPU))
+    assert all(isinstance(images, EncodedImages) for images, _, _ in raw) == cfg.decode_on_device
+    return list(prefetch(raw, lambda batch: batch.to(CPU, torch.float32, transform=bundle.device_transform), CPU))
 
 
 def _assert_same(today: list[tuple[torch.Tensor, Any]], decoded: list[tuple[torch.Tensor, Any]]) -> None:
     assert len(today) == len(decoded) == 2
-    for (a, t), (b, u) in zip(today, decoded):
+    for (a, t, _), (b, u, _) in zip(today, decoded):
         assert a.shape == b.shape == (7, 3, 32, 32) and torch.equal(a, b)
         assert torch.equal(t, u)
 
@@ -86,12 +87,12 @@ def test_unreadable_jpeg_names_its_file() -> None:
 
 def test_bad_settings_are_refused(folder: Path) -> None:
     with pytest.raises(ValueError, match="data.decode_on_device must be true or false"):
-        DataConfig(decode_on_device="yes").validate()
+        data_config(decode_on_device="yes").validate()
     with pytest.raises(ValueError, match="decode_on_device=true needs data.device_transforms=true"):
-        DataConfig(name="imagefolder", decode_on_device=True, device_transforms=False).validate()
+        data_config(name="imagefolder", decode_on_device=True, device_transforms=False).validate()
     with pytest.raises(ValueError, match="folders of JPEG files \\(imagefolder\\), not to data.name=shapes"):
-        DataConfig(name="shapes", decode_on_device=True, device_transforms=True).validate()
-    cfg = DataConfig(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
+        data_config(name="shapes", decode_on_device=True, device_transforms=True).validate()
+    cfg = data_config(name="imagefolder", root=str(folder), decode_on_device=True)  # auto: off on the CPU
     with pytest.raises(ValueError, match="data.device_transforms=auto is on only when training on CUDA"):
         build_datasets(cfg, seed=0, device_transforms=False)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from tests.data.fake_cifar10 import write_fake_cifar10
 from tests.support.gloo import run_on_ranks
+from src.config import data_config
 
 
 def _build_both(rank: int, world: int, absent: str, present: str,
@@ -13,10 +14,11 @@ def _build_both(rank: int, world: int, absent: str, present: str,
     """Missing data first (the error on each rank), then the tiny files (what each rank loads)."""
     from torchvision import datasets
 
-    from src.data import DataConfig, build_datasets, build_train_loader
+    from src.data import DataConfig
+    from tests.support.task_data import build_datasets, build_train_loader
 
     try:
-        build_datasets(DataConfig(name="cifar10", root=absent), seed=0)
+        build_datasets(data_config(name="cifar10", root=absent), seed=0)
         missing = ("none", "")
     except Exception as exc:  # the test inspects what each rank raised
         missing = (type(exc).__name__, str(exc))
@@ -24,9 +26,9 @@ def _build_both(rank: int, world: int, absent: str, present: str,
     try:
         for attr, value in lists.items():  # this process's torchvision checksums -> the tiny files
             setattr(datasets.CIFAR10, attr, value)
-        cfg = DataConfig(name="cifar10", root=present, batch_size=2)
+        cfg = data_config(name="cifar10", root=present, batch_size=2)
         bundle = build_datasets(cfg, seed=0)
-        _, labels = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
+        _, labels, _ = next(iter(build_train_loader(bundle.train, cfg, rank, world, seed=0)))
     finally:  # the worker runs later tests' tasks too
         for attr, value in saved.items():
             setattr(datasets.CIFAR10, attr, value)

@@ -9,7 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
+from src.data import DataConfig
+from src.config import data_config
+from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from tests.support.unreadable import error_of_loading, expected, truncate
 
 
@@ -37,14 +39,14 @@ def write_tree(root: Path) -> None:
 
 def test_real_tree_labels_and_crops(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_tree(tmp_path)
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
                      eval_batch_size=8, mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0])
     with caplog.at_level("WARNING"):
         bundle = build_datasets(cfg, seed=0)
     assert bundle.class_names == ["ant", "bee", "cat"] and bundle.num_classes == 3
     assert len(bundle.train) == 5 and len(bundle.val) == 2
     assert "no validation images: ['bee']" in caplog.text
-    x, y = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, y, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (5, 3, 24, 24) and sorted(y.tolist()) == [0, 0, 1, 1, 2]
     xs, ys, _ = next(iter(build_eval_loader(bundle.val, cfg, 0, 1)))
     # val has no "bee" folder: "cat" must keep the training index 2 (torchvision alone would make it 1).
@@ -59,8 +61,8 @@ def test_unreadable_image_names_its_file_split_and_sample(tmp_path: Path, num_wo
     write_tree(tmp_path)
     (tmp_path / "val" / "cat" / "v1.Jpg").write_bytes(b"\xff\xd8\xff truncated")
     bad_train = truncate(tmp_path / "train" / "bee" / "b0.png")  # sample 2: ant's two images come first
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
-                     eval_batch_size=1, num_workers=num_workers)
+    cfg = data_config(name="imagefolder", root=str(tmp_path), image_size=24, resize_size=28, batch_size=5,
+                      eval_batch_size=1, num_workers=num_workers)
     bundle = build_datasets(cfg, seed=0)
     message = error_of_loading(build_eval_loader(bundle.val, cfg, 0, 1))
     assert expected(tmp_path / "val" / "cat" / "v1.Jpg", "validation split 'val'", 1) in message
@@ -72,4 +74,4 @@ def test_class_only_in_validation_is_an_error(tmp_path: Path) -> None:
     write_tree(tmp_path)
     _save(tmp_path / "val" / "dog" / "d.jpg", 8, 8)
     with pytest.raises(ValueError, match=r"class folders that .*train lacks: \['dog'\]"):
-        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)
+        build_datasets(data_config(name="imagefolder", root=str(tmp_path), image_size=8, resize_size=8), seed=0)

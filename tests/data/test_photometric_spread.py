@@ -6,6 +6,7 @@ import pytest
 
 from src.data import shapes
 from src.data.config import DataConfig
+from src.config import data_config
 
 
 def test_zero_spread_is_the_plain_generator() -> None:
@@ -35,4 +36,4 @@ def test_spread_scatters_the_per_image_means() -> None:
 @pytest.mark.parametrize("bad", [-0.1, 1.5])
 def test_spread_out_of_range_is_rejected(bad: float) -> None:
     with pytest.raises(ValueError, match="photometric_spread"):
-        DataConfig(photometric_spread=bad).validate()
+        data_config(photometric_spread=bad).validate()

@@ -7,8 +7,9 @@ import pytest
 from torch.utils.data import TensorDataset
 
 import src.data.datasets
-from src.config import validate_config
-from src.data import DATASETS, DataConfig, Splits, build_datasets, dataset_task
+from src.config import data_config, validate_config
+from src.data import DATASETS, DataConfig, Splits, dataset_task
+from tests.support.task_data import build_datasets
 from src.data.registry import Registry
 
 
@@ -16,10 +17,7 @@ def test_every_dataset_module_registers_and_every_name_has_a_task() -> None:
     modules = {m.name for m in pkgutil.iter_modules(src.data.datasets.__path__)}
     registered_by = {e.builder.__module__.rsplit(".", 1)[-1] for e in DATASETS}
     assert modules == registered_by  # no module without a dataset, none imported from elsewhere
-    tasks = {"shapes": "classification", "imagefolder": "classification", "shapes_seg": "segmentation"}
-    # part: segmentation
-    tasks |= {"voc": "segmentation", "segfolder": "segmentation"}
-    # /part
+    tasks = {"shapes": "classification", "imagefolder": "classification"}
     assert {n: dataset_task(n) for n in tasks} == tasks
 
 
@@ -27,7 +25,7 @@ def test_unknown_name_lists_every_registered_dataset() -> None:
     with pytest.raises(ValueError, match=r"data\.name must be one of .*imagefolder.*; got 'mnist'.*conf/data/"):
         dataset_task("mnist")
     with pytest.raises(ValueError, match=r"data\.name must be one of"):
-        DataConfig(name="mnist").validate()
+        data_config(name="mnist").validate()
 
 
 @pytest.fixture
@@ -40,19 +38,19 @@ def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> Registry:
 def test_one_decorated_builder_is_a_complete_dataset(scratch_registry: Registry) -> None:
     import torch
 
-    @scratch_registry.register("tiny_seg", task="segmentation", num_classes=3, download=True)
+    @scratch_registry.register("tiny", task="classification", num_classes=3, download=True)
     def build_tiny(cfg: DataConfig) -> Splits:
         images = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
-        masks = torch.zeros(4, 8, 8, dtype=torch.uint8)
-        return Splits(TensorDataset(images, masks), TensorDataset(images, masks), ["a", "b", "c"])
+        labels = torch.tensor([0, 1, 2, 0])
+        return Splits(TensorDataset(images, labels), TensorDataset(images, labels), ["a", "b", "c"])
 
-    bundle = build_datasets(DataConfig(name="tiny_seg", crop_size=8, download=True), seed=0)
-    assert (bundle.task, bundle.num_classes, len(bundle.train)) == ("segmentation", 3, 4)
-    with pytest.raises(ValueError, match=r"data\.num_classes=4 does not match tiny_seg, which has 3"):
-        DataConfig(name="tiny_seg", num_classes=4).validate()
-    # src/config.py's task check reads the same entry: a classification model on it is refused.
-    with pytest.raises(ValueError, match="model.name=resnet20 is a classification model but data.name=tiny_seg"):
-        validate_config({"data": {"name": "tiny_seg"}})
-    # part: segmentation
-    assert validate_config({"data": {"name": "tiny_seg"}, "model": {"name": "deeplabv3_resnet18"}}).data.name == "tiny_seg"
-    # /part
+    bundle = build_datasets(data_config(name="tiny", image_size=8, download=True), seed=0)
+    assert (bundle.task, bundle.num_classes, len(bundle.train)) == ("classification", 3, 4)
+    with pytest.raises(ValueError, match=r"data\.num_classes=4 does not match tiny, which has 3"):
+        data_config(name="tiny", num_classes=4).validate()
+    assert validate_config({"data": {"name": "tiny", "image_size": 8}}).data.name == "tiny"
+    # src/config.py's task check reads the entries: a model of another task than the dataset's is refused.
+    scratch_registry.register("tiny_depth", task="depth")(build_tiny)
+    with pytest.raises(ValueError, match="model.name=resnet20 is a classification model but data.name=tiny_depth is "
+                                         "a depth dataset"):
+        validate_config({"data": {"name": "tiny_depth"}})

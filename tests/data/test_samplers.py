@@ -1,11 +1,11 @@
-"""TrainBatchSampler and ExactEvalSampler: the properties distributed training and evaluation rely on."""
+"""TrainBatchSampler, ExactEvalSampler and EvalBatchSampler: the properties distributed training and evaluation rely on."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
-from src.data.samplers import ExactEvalSampler, TrainBatchSampler
+from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 
 
 def _indices(batches: list[list[tuple[int, int]]]) -> list[list[int]]:
@@ -75,3 +75,22 @@ def test_eval_shards_cover_each_index_once(n: int, world_size: int) -> None:
     sizes = [len(s) for s in shards]
     assert max(sizes) - min(sizes) <= 1
     assert sizes == [len(ExactEvalSampler(n, r, world_size)) for r in range(world_size)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 7, 97])
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_eval_batches_are_the_same_blocks_for_any_world_size(n: int, batch_size: int) -> None:
+    blocks = [list(range(k, min(k + batch_size, n))) for k in range(0, n, batch_size)]
+    for world_size in (1, 2, 3, 4):
+        per_rank = [list(EvalBatchSampler(n, batch_size, r, world_size)) for r in range(world_size)]
+        assert list(itertools.chain(*per_rank)) == blocks, "whole blocks, contiguous runs in rank order, no padding"
+        counts = [len(batches) for batches in per_rank]
+        assert max(counts) - min(counts) <= 1
+        assert counts == [len(EvalBatchSampler(n, batch_size, r, world_size)) for r in range(world_size)]
+
+
+def test_eval_batch_sampler_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        EvalBatchSampler(5, 0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        EvalBatchSampler(5, 2, rank=2, world_size=2)

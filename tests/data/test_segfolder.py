@@ -10,8 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from src.data import DataConfig, build_datasets, build_eval_loader, build_train_loader
-from src.data.palette import save_mask_png
+from src.data import DataConfig
+from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
+from src.data.segmentation.palette import save_mask_png
+from src.config import data_config
 from tests.support.gloo import run_on_ranks
 from tests.support.unreadable import error_of_loading, expected, truncate
 
@@ -72,7 +74,7 @@ def write_tree(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def _cfg(root: Path, **kw: object) -> DataConfig:
     base = dict(name="segfolder", root=str(root), crop_size=16, batch_size=3, eval_batch_size=4, mean=MEAN, std=STD)
     base.update(kw)
-    return DataConfig(**base)  # type: ignore[arg-type]
+    return data_config(**base)  # type: ignore[arg-type]
 
 
 def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None:
@@ -81,7 +83,7 @@ def test_reads_mixed_formats_sizes_and_skips_stray_files(tmp_path: Path) -> None
     bundle = build_datasets(cfg, seed=0)
     assert bundle.task == "segmentation" and bundle.class_names == ["background", "cat", "dog"]
     assert (len(bundle.train), len(bundle.val)) == (3, 2)
-    x, m = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
+    x, m, _ = next(iter(build_train_loader(bundle.train, cfg, 0, 1, seed=0)))
     assert x.shape == (3, 3, 16, 16) and m.shape == (3, 16, 16) and m.dtype == torch.int64
     assert set(m.unique().tolist()) <= {0, 1, 2, 255}
     # Evaluation: one image per batch (two sizes), each at its own size, masks and pixels as stored.
@@ -171,7 +173,7 @@ def test_each_mistake_is_an_error_naming_the_file(tmp_path: Path, mistake: str) 
 
 def test_too_many_classes_for_8_bit_masks_is_a_config_error() -> None:
     with pytest.raises(ValueError, match=r"data\.num_classes=300: segfolder masks are 8-bit"):
-        DataConfig(name="segfolder", num_classes=300).validate()
+        data_config(name="segfolder", num_classes=300).validate()
 
 
 def _build_on_ranks(rank: int, world: int, good: str, bad: str) -> tuple[list[str], int, str]:

@@ -8,11 +8,12 @@ from torchvision import tv_tensors
 
 from src.data import shapes
 from src.data.config import DataConfig
-from src.data.det_collate import detection_collate, detection_collate_indexed
-from src.data.det_transforms import detection_eval_transform, detection_train_transform
+from src.data.batch import collate_lists
+from src.tasks.detection.transforms import detection_eval_transform, detection_train_transform
 from src.data.registry import dataset_entry
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.shapes_datasets import MIN_VISIBLE_AREA, ShapesDetection, ShapesSegmentation
+from src.config import data_config
 
 KINDS = 4
 ARGS = dict(image_size=64, num_shape_kinds=KINDS, min_shapes=3, max_shapes=6, radius_range=(0.1, 0.3))
@@ -61,7 +62,7 @@ def test_each_box_is_the_tight_box_of_a_visible_shape() -> None:
 
 
 def test_several_objects_of_every_class() -> None:
-    cfg = DataConfig(name="shapes_det", train_size=60, val_size=4, image_size=64, num_classes=KINDS + 1,
+    cfg = data_config(name="shapes_det", train_size=60, val_size=4, image_size=64, num_classes=KINDS + 1,
                      min_shapes=3, max_shapes=5)
     cfg.validate()
     splits = dataset_entry("shapes_det").builder(cfg)
@@ -71,12 +72,12 @@ def test_several_objects_of_every_class() -> None:
     assert np.mean(np.array(counts) >= 3) > 0.9 and max(counts) <= 5
     assert set(labels.tolist()) == set(range(1, KINDS + 1))
     with pytest.raises(ValueError, match=r"data\.num_classes for shapes_det must be in 3\.\.9"):
-        DataConfig(name="shapes_det", num_classes=10).validate()
+        data_config(name="shapes_det", num_classes=10).validate()
 
 
 def test_flip_moves_the_boxes_and_batches_are_lists() -> None:
     base = ShapesDetection(0, "train", 16, **ARGS)
-    train = SeededTransformDataset(base, detection_train_transform(DataConfig(name="shapes_det")), seed=0)
+    train = SeededTransformDataset(base, detection_train_transform(data_config(name="shapes_det")), seed=0)
     flipped = kept = 0
     for i in range(len(base)):
         raw_image, raw = base[i]
@@ -92,17 +93,17 @@ def test_flip_moves_the_boxes_and_batches_are_lists() -> None:
             assert torch.allclose(image, raw_image.float() / 255, atol=1e-6)
         assert torch.equal(target["boxes"], boxes)
     assert flipped and kept
-    no_flip = detection_train_transform(DataConfig(name="shapes_det", hflip=False))
+    no_flip = detection_train_transform(data_config(name="shapes_det", hflip=False))
     assert torch.equal(no_flip(*base[0])[1]["boxes"], base[0][1]["boxes"].as_subclass(torch.Tensor))
 
-    val = IndexedDataset(SeededTransformDataset(base, detection_eval_transform(DataConfig()), seed=0))
+    val = IndexedDataset(SeededTransformDataset(base, detection_eval_transform(data_config()), seed=0))
     empty = (tv_tensors.Image(torch.zeros(3, 8, 8, dtype=torch.uint8)),
              {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(8, 8)),
               "labels": torch.zeros(0, dtype=torch.int64)})
-    image, target = detection_eval_transform(DataConfig())(*empty)
+    image, target = detection_eval_transform(data_config())(*empty)
     assert tuple(target["boxes"].shape) == (0, 4) and image.dtype == torch.float32
-    images, targets, indices = detection_collate_indexed([val[3], val[5]])
+    images, targets, indices = collate_lists([val[3], val[5]])
     assert [tuple(x.shape) for x in images] == [(3, 64, 64)] * 2 and indices.tolist() == [3, 5]
     assert indices.dtype == torch.int64 and torch.equal(targets[1]["labels"], base[5][1]["labels"])
-    images, targets = detection_collate([train[0], (image, target)])
-    assert len(images) == len(targets) == 2 and targets[1]["labels"].numel() == 0
+    batch = collate_lists([(*train[0], 0), (image, target, 1)])
+    assert len(batch.images) == len(batch.targets) == batch.size == 2 and batch.targets[1]["labels"].numel() == 0

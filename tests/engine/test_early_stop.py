@@ -9,6 +9,9 @@ from hydra import compose, initialize_config_dir
 from src.config import validate_config
 from src.config import EarlyStopConfig
 from src.engine.early_stop import EarlyStopState, carried_over, decide
+from src.tasks import get_task
+
+CLASSIFICATION = get_task("classification")
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -16,7 +19,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def _run(settings: EarlyStopConfig, values: list[float]) -> list[EarlyStopState]:
     state, states = EarlyStopState(metric=settings.name), []
     for step, value in enumerate(values, start=1):
-        state = decide(settings, state, value, step * 10)
+        state = decide(settings, state, value, step * 10, settings.higher_is_better(CLASSIFICATION))
         states.append(state)
         if state.stopped:
             break
@@ -39,9 +42,10 @@ def test_improvements_reset_the_count_and_min_delta_decides_what_counts() -> Non
 
 
 def test_loss_is_minimised_by_default_and_mode_overrides() -> None:
-    assert not EarlyStopConfig(metric="val/loss").higher_is_better
-    assert EarlyStopConfig(metric="val/loss", mode="max").higher_is_better
-    assert EarlyStopConfig(metric="miou").higher_is_better
+    assert not EarlyStopConfig(metric="val/loss").higher_is_better(CLASSIFICATION)
+    assert EarlyStopConfig(metric="val/loss", mode="max").higher_is_better(CLASSIFICATION)
+    assert EarlyStopConfig(metric="top5").higher_is_better(CLASSIFICATION)
+    assert not EarlyStopConfig(metric="ema_loss").higher_is_better(CLASSIFICATION)
     states = _run(EarlyStopConfig(metric="loss", patience=1), [3.0, 2.0, 1.0, 1.5])
     assert [s.best for s in states] == [3.0, 2.0, 1.0, 1.0] and states[-1].stopped
 
@@ -59,18 +63,18 @@ def test_state_survives_a_checkpoint_round_trip_and_ignores_unknown_keys() -> No
 
 def test_a_resume_with_another_metric_or_mode_starts_afresh_and_otherwise_carries_on() -> None:
     stored = EarlyStopState(metric="loss", direction="min", best=0.2, best_step=40, bad_evaluations=2)
-    same, warning = carried_over(EarlyStopConfig(metric="val/loss", patience=5), stored)
+    same, warning = carried_over(EarlyStopConfig(metric="val/loss", patience=5), stored, False)
     assert warning == "" and same == stored
-    flipped, warning = carried_over(EarlyStopConfig(metric="loss", mode="max"), stored)
+    flipped, warning = carried_over(EarlyStopConfig(metric="loss", mode="max"), stored, True)
     assert "minimum" in warning and "maximum" in warning and "mode=max" in warning
     assert (flipped.best, flipped.bad_evaluations, flipped.direction) == (None, 0, "max")
     # With the old best (0.2, a minimum) kept, a maximised loss of 0.3 would count as an improvement only
     # by accident; afresh, the first evaluation after the resume sets the best.
-    assert decide(EarlyStopConfig(metric="loss", mode="max"), flipped, 0.1, 50).best == 0.1
-    other, warning = carried_over(EarlyStopConfig(metric="top1"), stored)
+    assert decide(EarlyStopConfig(metric="loss", mode="max"), flipped, 0.1, 50, True).best == 0.1
+    other, warning = carried_over(EarlyStopConfig(metric="top1"), stored, True)
     assert "follows 'loss'" in warning and other == EarlyStopState(metric="top1", direction="max")
     legacy = EarlyStopState(metric="loss", best=0.2, best_step=40)  # a checkpoint from before `direction`
-    kept, warning = carried_over(EarlyStopConfig(metric="loss"), legacy)
+    kept, warning = carried_over(EarlyStopConfig(metric="loss"), legacy, False)
     assert warning == "" and (kept.best, kept.direction) == (0.2, "min")
 
 
@@ -84,11 +88,6 @@ def test_early_stop_is_off_by_default_and_accepts_the_names_of_metrics_jsonl() -
     for name in ("val/top1", "top5", "val/loss"):
         assert _validate(f"trainer.early_stop.metric={name}").trainer.early_stop.name == name.removeprefix("val/")
     assert _validate("trainer.ema=true", "trainer.early_stop.metric=ema_top1").trainer.early_stop.name == "ema_top1"
-    # part: segmentation
-    seg = ["model=deeplabv3_resnet18", "data=shapes_seg"]
-    assert _validate(*seg, "trainer.early_stop.metric=val/miou").trainer.early_stop.name == "miou"
-    assert _validate(*seg, "trainer.early_stop.metric=iou_circle").trainer.early_stop.name == "iou_circle"
-    # /part
 
 
 @pytest.mark.parametrize("overrides,message", [

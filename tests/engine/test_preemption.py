@@ -122,7 +122,7 @@ def test_signal_during_a_checkpoint_write_lets_it_finish(tmp_path: Path) -> None
     # A write in progress is not interrupted: the handler only records the signal.
     from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
 
-    saver = CheckpointSaver(tmp_path, "top1", 0)  # the trainer's atomic writer
+    saver = CheckpointSaver(tmp_path, "top1", 0, higher_is_better=True)  # the trainer's atomic writer
     payload = {"step": 7, "model": {"w": torch.full((8 * 2**20,), 7.0)}}  # 32 MiB: the write takes a while
     with Preemption(["SIGUSR1"]) as preemption:
         timer = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGUSR1))

@@ -70,7 +70,7 @@ def make_trainer(tmp_path: Path, hooks: list, epochs: int = 2, progress: Optiona
     batches = [(torch.randn(4, 12, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
     return Trainer(state, model, ListLoader(batches), classification_loss(),
                    TrainerConfig(epochs=epochs, progress_bar=False), torch.device("cpu"), hooks=hooks,
-                   saver=CheckpointSaver(tmp_path, "top1", keep_best=1))
+                   saver=CheckpointSaver(tmp_path, "top1", keep_best=1, higher_is_better=True))
 
 
 def test_hooks_run_in_protocol_order(tmp_path: Path) -> None:

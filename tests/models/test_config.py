@@ -8,7 +8,8 @@ import torch
 from omegaconf import OmegaConf
 from torchvision.models import get_model_weights
 
-from src.models import MODELS, ModelConfig, NormConfig, build_model, model_task
+from src.data import DATASETS
+from src.models import MODELS, ModelConfig, NormConfig, build_model, model_config, model_schema, model_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
@@ -16,9 +17,6 @@ NORM_FILES = sorted((CONF / "norm").glob("*.yaml"))
 # Forward passes only for the small networks; the big ones are built on the meta device and their
 # parameter counts compared with torchvision's published numbers (exact integers).
 SMALL = {"resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet50", "timm", "torchvision"}
-# part: segmentation
-SMALL |= {"deeplabv3_resnet18", "deeplabv3plus_resnet18"}
-# /part
 # Architectures for the zoo names where a test builds them without a conf file.
 ZOO_ARCH = {"timm": "resnet18", "torchvision": "mobilenet_v3_small"}
 
@@ -31,48 +29,32 @@ def load(schema: type, path: Path) -> object:
 def test_required_options_exist() -> None:
     names = {p.stem for p in MODEL_FILES}
     required = {"resnet20", "resnet56", "resnet110", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
-    # part: segmentation
-    required |= {"deeplabv3_resnet18", "deeplabv3_resnet50", "deeplabv3_resnet101", "deeplabv3plus_resnet18",
-                 "deeplabv3plus_resnet50"}
-    # /part
     assert required <= names
     assert {p.stem for p in NORM_FILES} == {"bn", "syncbn", "torch_syncbn", "gn", "frozen_bn"}
     assert names == set(MODELS.names()) - {"resnet1202"}  # one file per registered name (1202: too big to ship)
 
 
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
-def test_model_yaml_builds(path: Path) -> None:
-    cfg = load(ModelConfig, path)
+def test_model_yaml_validates(path: Path) -> None:
+    """Every model file, whatever its task (each task's own build checks: tests/models/test_<its models>.py)."""
+    cfg = load(model_schema(), path)
     assert cfg.name == path.stem  # file name = model name, so `model=<file>` reads as the model
     cfg.validate()
-    task = model_task(cfg)
-    num_classes = 21 if task == "segmentation" else 10
+
+
+@pytest.mark.parametrize("path", [p for p in MODEL_FILES if MODELS.get(p.stem).task == "classification"],
+                         ids=lambda p: p.stem)
+def test_classifier_yaml_builds(path: Path) -> None:
+    cfg = load(model_schema(), path)
     if cfg.name in SMALL:
-        model = build_model(cfg, NormConfig(), num_classes).eval()
+        model = build_model(cfg, NormConfig(), 10).eval()
         size = 32 if cfg.name in ("resnet20", "resnet32", "resnet44", "resnet56", "resnet110") else 48
         with torch.no_grad():
-            out = model(torch.randn(2, 3, size, size + 8))
-        if task == "classification":
-            assert out.shape == (2, num_classes)
-        else:
-            assert out["out"].shape == (2, num_classes, size, size + 8)
-            assert ("aux" in out) == (cfg.aux_loss_weight > 0)
+            assert model(torch.randn(2, 3, size, size + 8)).shape == (2, 10)
         return
     with torch.device("meta"):
-        model = build_model(cfg, NormConfig(), 1000 if task == "classification" else 21)
+        model = build_model(cfg, NormConfig(), 1000)
     count = sum(p.numel() for p in model.parameters())
-    if task == "detection":
-        assert count > 0  # the layout against torchvision's own builders is in test_detection.py
-        return
-    # part: segmentation
-    if cfg.name.startswith("deeplabv3plus"):
-        assert count > 0  # no published reference; shapes are tested on ResNet-18 in test_deeplab.py
-        return
-    if cfg.name == "deeplabv3_resnet34":  # torchvision has no such model: nothing to compare with
-        return
-    # /part
-    # torchvision's deeplabv3_* weights include the aux head and 21 classes (counts don't depend on OS).
-    assert task == "classification" or cfg.aux_loss_weight > 0
     expected = get_model_weights(cfg.name).DEFAULT.meta["num_params"]
     assert count == expected, f"{cfg.name}: {count} parameters, torchvision says {expected}"
 
@@ -85,28 +67,26 @@ def test_norm_yaml_validates(path: Path) -> None:
 
 
 def test_every_model_name_has_a_task() -> None:
-    for name in MODELS.names():
-        expected = ("segmentation" if name.startswith("deeplab") else
-                    "detection" if name.startswith(("fcos", "retinanet", "fasterrcnn")) else "classification")
-        arch = {"arch": ZOO_ARCH[name]} if name in ZOO_ARCH else {}
-        assert model_task({"name": name, **arch}) == expected
-    # part: segmentation
-    assert set(MODELS.names("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
-                                                 for d in (18, 34, 50, 101)}
-    # /part
+    """Each name's task is a registered one, the same for a whole family; the classifiers here are classification's
+    (a task's own models: its test module, e.g. test_its_models_are_registered)."""
+    from src.tasks import task_names
+
+    families: dict[str, set[str]] = {}
+    for entry in MODELS:
+        arch = {"arch": ZOO_ARCH[entry.name]} if entry.name in ZOO_ARCH else {}
+        assert model_task({"name": entry.name, **arch}) == entry.task and entry.task in task_names()
+        families.setdefault(entry.info.get("family", entry.name), set()).add(entry.task)
+    assert all(len(tasks) == 1 for tasks in families.values()), families
+    classifiers = {"resnet20", "resnet56", "resnet18", "resnet50", "timm", "torchvision"}
+    assert {n: MODELS.get(n).task for n in classifiers} == dict.fromkeys(classifiers, "classification")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"name": "resnet21"}, "model.name must be one of"),
-    ({"output_stride": 32}, "model.output_stride must be 8 or 16, got 32"),
-    ({"aux_loss_weight": -1.0}, "model.aux_loss_weight must be a finite number >= 0"),
-    ({"aux_loss_weight": 0.4}, "model.aux_loss_weight applies only to segmentation models"),
     ({"cifar_shortcut": "C"}, "model.cifar_shortcut must be A or B"),
-    ({"head_channels": 0}, "model.head_channels must be >= 1"),
-    # part: segmentation
-    ({"name": "deeplabv3plus_resnet18", "decoder_stride": 8}, "model.decoder_stride must be 4 or 2, got 8"),
-    ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride=2 applies only to DeepLabV3\\+"),
-    # /part
+    # A family's option on a model of another family: nothing would read it.
+    ({"name": "resnet18", "cifar_shortcut": "B"}, "model.cifar_shortcut applies only to cifar_resnet models, not to "
+                                                  "model=resnet18: remove model.cifar_shortcut='B'"),
     ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
     ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
     ({"arch": "resnet50"}, "model.arch and model.kwargs apply only to model=timm / model=torchvision"),
@@ -120,18 +100,17 @@ def test_every_model_name_has_a_task() -> None:
     ({"name": "timm", "arch": "resnet18", "kwargs": {"pretrained": True}},
      r"model.kwargs may not set \['pretrained'\]"),
     ({"name": "torchvision", "arch": "resnet18", "kwargs": {"num_classes": 3}}, "may not set .'num_classes'."),
-    ({"name": "timm", "arch": "resnet18", "aux_loss_weight": 0.5}, "applies only to segmentation models"),
-    ({"detection_image_size": 128}, "model.detection_image_size applies only to detection models"),
-    # part: detection
-    ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
-    ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
-    ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
-    # /part
 ])
 def test_bad_model_config(overrides: dict, message: str) -> None:
+    assert_refused(overrides, message)
+
+
+def assert_refused(overrides: dict, message: str) -> None:
+    """Config validation and build_model (from a mapping) both refuse `overrides` with `message` (also for a
+    task's own models, whose test modules import it)."""
     with pytest.raises(ValueError, match=message):
-        ModelConfig(**overrides).validate()
-    with pytest.raises(ValueError, match=message):  # build_model validates too
+        model_config(**overrides).validate()
+    with pytest.raises(ValueError, match=message):  # build_model validates a mapping too
         build_model(overrides, {}, 10)
 
 
@@ -199,7 +178,7 @@ def test_unknown_keys_rejected() -> None:
     with pytest.raises(ValueError, match=r"unknown model config key\(s\) \['outputstride'\]"):
         build_model({"name": "resnet20", "outputstride": 8}, {}, 3)
     with pytest.raises(Exception, match="outputstride"):  # Hydra's schema merge rejects it as well
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), {"outputstride": 8})
+        OmegaConf.merge(OmegaConf.structured(model_schema()), {"outputstride": 8})
 
 
 def test_accepts_dictconfig() -> None:
@@ -231,8 +210,10 @@ def test_one_registration_is_all_a_new_model_needs() -> None:
         assert type(model[1]) is SyncBatchNorm2d and model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
             validate_config(compose("train", overrides=["model.name=my_test_net"]))
-            with pytest.raises(ValueError, match="model.name=my_test_net is a classification model but "
-                                                 "data.name=shapes_seg is a segmentation dataset"):
-                validate_config(compose("train", overrides=["model.name=my_test_net", "data.name=shapes_seg"]))
+            # A dataset of another task is refused: every other task's first (none in a classification-only project).
+            for data in [e for e in DATASETS if e.task != "classification"][:1]:
+                with pytest.raises(ValueError, match=f"model.name=my_test_net is a classification model but "
+                                                     f"data.name={data.name} is a {data.task} dataset"):
+                    validate_config(compose("train", overrides=["model.name=my_test_net", f"data={data.name}"]))
     finally:
         MODELS._entries.pop("my_test_net")  # the registry is process-wide: leave it as it was

@@ -14,6 +14,7 @@ from torchvision.models.detection import fasterrcnn_resnet50_fpn, fcos_resnet50_
 from src.models import FrozenBatchNorm2d, build_model
 from src.models.detection import DetectionTransform
 from src.syncbn import SyncBatchNorm
+from tests.models.test_config import assert_refused
 from tests.support.gloo import run_on_ranks
 
 FAMILIES = ("fcos", "retinanet", "fasterrcnn")
@@ -168,3 +169,21 @@ def test_syncbn_fcos_on_two_processes_matches_bn_on_one() -> None:
     for name, b in buffers.items():
         for r in ranks:
             torch.testing.assert_close(r["buffers"][name], b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"name": "fcos_resnet18", "detection_image_size": 16}, "model.detection_image_size must be an int >= 32"),
+    ({"name": "retinanet_resnet18", "head_channels": 48}, "model.head_channels=48: .* multiple of 32"),
+    ({"name": "fcos_resnet18", "head_channels": 32}, "model.head_channels=32: .* at least 64"),
+    ({"name": "resnet20", "detection_image_size": 128}, "model.detection_image_size applies only to fcos, retinanet, "
+                                                        "fasterrcnn models, not to model=resnet20"),
+])
+def test_bad_options(overrides: dict, message: str) -> None:
+    assert_refused(overrides, message)
+
+
+def test_its_models_are_registered() -> None:
+    from src.models import MODELS
+
+    assert set(MODELS.names("detection")) == {f"{family}_resnet{depth}" for family in FAMILIES
+                                              for depth in (18, 34, 50)}

@@ -7,18 +7,18 @@ from torch import nn
 
 from src.models import NORM_TYPES, FrozenBatchNorm2d, build_model, count_norm_layers
 
-# Small configurations that still contain every kind of norm position: stems, blocks, projection
-# shortcuts, ASPP (incl. its pooling branch), the DeepLabV3+ decoder (both strides) and the aux FCN head.
+# Small configurations that still contain every kind of norm position: stems, blocks, projection shortcuts (a
+# task's own models reuse these tests with its configurations: its test module imports them and sets model_cfg).
 MODELS = [
     {"name": "resnet20", "cifar_shortcut": "B"},
     {"name": "resnet18"},
-    # part: segmentation
-    {"name": "deeplabv3_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
-    {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32},
-    {"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 32, "decoder_stride": 2},
-    # /part
 ]
-IDS = [m["name"] + ("_decoder_stride2" if m.get("decoder_stride") == 2 else "") for m in MODELS]
+
+
+@pytest.fixture(params=MODELS, ids=lambda m: m["name"])
+def model_cfg(request: pytest.FixtureRequest) -> dict:
+    """Each model configuration of MODELS."""
+    return request.param
 
 
 def syncbn_types() -> tuple[type, ...]:
@@ -31,7 +31,6 @@ def expected_type(norm: str) -> tuple[type, ...]:
             "frozen_bn": (FrozenBatchNorm2d,)}.get(norm) or syncbn_types()
 
 
-@pytest.mark.parametrize("model_cfg", MODELS, ids=IDS)
 @pytest.mark.parametrize("norm", ["syncbn", "torch_syncbn", "gn", "frozen_bn"])
 def test_norm_placed_everywhere(model_cfg: dict, norm: str) -> None:
     reference = build_model(model_cfg, {"name": "bn"}, 3)
@@ -52,7 +51,6 @@ def test_norm_placed_everywhere(model_cfg: dict, norm: str) -> None:
     assert sum(count_norm_layers(model).values()) == len(positions)
 
 
-@pytest.mark.parametrize("model_cfg", MODELS, ids=IDS)
 def test_bn_gets_eps_and_momentum_everywhere(model_cfg: dict) -> None:
     model = build_model(model_cfg, {"name": "bn", "eps": 1e-3, "momentum": None}, 3)
     layers = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
@@ -62,10 +60,6 @@ def test_bn_gets_eps_and_momentum_everywhere(model_cfg: dict) -> None:
 def test_gn_rejects_a_group_count_that_does_not_divide() -> None:
     with pytest.raises(ValueError, match="norm.num_groups=32 does not divide a norm layer's 16 channels"):
         build_model({"name": "resnet20"}, {"name": "gn", "num_groups": 32}, 10)
-    # part: segmentation
-    model = build_model({"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5}, {"name": "gn"}, 3)
-    assert model(torch.randn(1, 3, 32, 32))["out"].shape == (1, 3, 32, 32)  # default 16 fits all
-    # /part
 
 
 def test_frozen_bn_statistics_never_change_and_affine_trains() -> None:
@@ -116,7 +110,6 @@ def test_affine_trainable_false_freezes_only_norm_parameters(norm: str) -> None:
             assert p.requires_grad == (not isinstance(module, NORM_TYPES))
 
 
-@pytest.mark.parametrize("model_cfg", MODELS[::2], ids=IDS[::2])
 def test_checkpoint_moves_between_bn_syncbn_frozen_bn(model_cfg: dict) -> None:
     syncbn_types()
     torch.manual_seed(1)

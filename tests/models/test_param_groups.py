@@ -13,19 +13,6 @@ def names_of(model: nn.Module, params: list) -> set[str]:
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
-# part: segmentation
-def test_segmentation_heads_get_the_multiplier() -> None:
-    model = build_model({"name": "deeplabv3plus_resnet18", "aux_loss_weight": 0.5, "head_channels": 16}, {}, 3)
-    groups = param_groups(model, 10.0, weight_decay=1e-4, base_lr=0.01)
-    assert [g["name"] for g in groups] == ["backbone", "head"]
-    backbone, head = (names_of(model, g["params"]) for g in groups)
-    assert backbone == {n for n, _ in model.named_parameters() if n.startswith("backbone.")}
-    assert head == {n for n, _ in model.named_parameters() if not n.startswith("backbone.")}
-    assert any(n.startswith("aux_classifier.") for n in head) and any(n.startswith("classifier.") for n in head)
-    assert [(g["lr_mult"], g["lr"], g["weight_decay"]) for g in groups] == [(1.0, 0.01, 1e-4), (10.0, 0.1, 1e-4)]
-# /part
-
-
 def test_no_decay_split_covers_norms_and_biases_only() -> None:
     model = build_model({"name": "resnet20"}, {"name": "gn"}, 10)
     groups = param_groups(model, 2.0, weight_decay=5e-4, no_decay_norm_bias=True)

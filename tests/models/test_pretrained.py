@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from src.models import build_model
-from src.models.config import ModelConfig
+from src.models.config import model_config
 from src.models.pretrained import is_weights_name
 
 BN = {"name": "bn"}
@@ -112,14 +112,10 @@ def test_other_num_classes_keep_the_backbone_and_initialise_the_head(caches: tup
     assert torch.equal(model.state_dict()[f"{head}.weight"], scratch.state_dict()[f"{head}.weight"])
 
 
-def test_our_imagenet_resnet_and_deeplab_backbone_by_name(caches: tuple[Path, Path], no_network: None) -> None:
+def test_our_imagenet_resnet_by_name(caches: tuple[Path, Path], no_network: None) -> None:
     state = _torchvision_file(caches[0], "resnet18")
     classifier = build_model({"name": "resnet18", "weights": "IMAGENET1K_V1"}, {"name": "syncbn"}, 1000)
     assert _assert_loaded(classifier, state) == len(state)
-    # part: segmentation
-    seg = build_model({"name": "deeplabv3_resnet18", "backbone_weights": "DEFAULT", "aux_loss_weight": 0.0}, BN, 5)
-    assert _assert_loaded(seg.backbone, state, skip=("fc.",)) == len(state) - 2
-    # /part
 
 
 def test_timm_pretrained_from_the_hugging_face_cache(caches: tuple[Path, Path], no_network: None) -> None:
@@ -168,19 +164,15 @@ def test_offline_missing_file_fails_at_config_validation(caches: tuple[Path, Pat
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any process group: validate_config runs ModelConfig.validate, which looks in the caches."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # part: segmentation
     with pytest.raises(FileNotFoundError, match="resnet18-f37072fd.pth"):
-        ModelConfig(name="deeplabv3_resnet18", backbone_weights="DEFAULT").validate()
-    # /part
+        model_config(name="resnet18", weights="IMAGENET1K_V1").validate()
     with pytest.raises(FileNotFoundError, match="models--timm--mobilenetv3_small_050.lamb_in1k"):
-        ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
+        model_config(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
     _torchvision_file(caches[0], "resnet18")
     _timm_file(caches[1])
-    # part: segmentation
-    ModelConfig(name="deeplabv3_resnet18", backbone_weights="DEFAULT").validate()
-    ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
-    # /part
-    ModelConfig(name="timm", arch=TIMM_ARCH, pretrained=True).validate(check_files=False)
+    model_config(name="resnet18", weights="IMAGENET1K_V1").validate()
+    model_config(name="timm", arch=TIMM_ARCH, pretrained=True).validate()
+    model_config(name="timm", arch=TIMM_ARCH, pretrained=True).validate(check_files=False)
 
 
 def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Path, Path], no_network: None,
@@ -215,29 +207,17 @@ def test_checkpoint_of_a_pretrained_run_loads_without_the_cache(caches: tuple[Pa
     _assert_loaded(trained.model, model.state_dict())
 
 
-# part: segmentation
-def test_missing_file_and_failed_download_names_the_path(caches: tuple[Path, Path], no_network: None) -> None:
-    """Not declared offline: the library tries to download; its failure is the same clear error."""
-    with pytest.raises(FileNotFoundError, match="downloading them failed") as err:
-        build_model({"name": "deeplabv3_resnet18", "backbone_weights": "IMAGENET1K_V1"}, BN, 5)
-    assert str(caches[0] / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in str(err.value)
-# /part
-
-
 @pytest.mark.parametrize("kw, match", [
     (dict(name="torchvision", arch="resnet18", weights="IMAGENET1K_V2"), "DEFAULT, IMAGENET1K_V1"),
     (dict(name="torchvision", arch="resnet18", weights="ResNet50_Weights.IMAGENET1K_V2"), "not a weights name"),
     (dict(name="resnet20", weights="DEFAULT"), "no weights by name"),
     (dict(name="timm", arch="resnet18", weights="DEFAULT"), "model.pretrained=true"),
     (dict(name="torchvision", arch="resnet18", pretrained=True), "model.weights=DEFAULT"),
-    # part: segmentation
-    (dict(name="deeplabv3_resnet18", weights="DEFAULT"), "model.backbone_weights=DEFAULT"),
-    # /part
     (dict(name="timm", arch="resnet18", pretrained=True, backbone_weights="/w/r18.pth"), "keep one"),
 ])
 def test_bad_names_are_refused_at_validation(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**kw).validate()
+        model_config(**kw).validate()
 
 
 def test_a_name_is_told_from_a_path() -> None:

@@ -19,7 +19,7 @@ from PIL import Image
 # Category ids not contiguous and listed out of order on purpose: labels must follow the ids (3 -> 1, 7 -> 2).
 CATEGORIES = [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}]
 CLASS_NAMES = ["background", "cat", "dog"]
-_COLOURS = {3: (220, 40, 40), 7: (40, 40, 220)}
+COLOURS = {3: (220, 40, 40), 7: (40, 40, 220), 12: (40, 200, 40)}  # each category's paint
 
 
 def tiny_coco() -> dict[str, Any]:
@@ -40,6 +40,38 @@ def tiny_coco() -> dict[str, Any]:
     return {"images": images, "annotations": annotations, "categories": copy.deepcopy(CATEGORIES)}
 
 
+# varied_coco's categories: ids not contiguous and out of order (labels: 3 -> 1, 7 -> 2, 12 -> 3).
+VARIED_CATEGORIES = [{"id": 7, "name": "dog"}, {"id": 12, "name": "bird"}, {"id": 3, "name": "cat"}]
+VARIED_CLASS_NAMES = ["background", "cat", "dog", "bird"]
+
+
+def varied_coco() -> dict[str, Any]:
+    """Nine images of nine sizes (40-96 px a side) with what COCO's evaluation treats specially.
+
+    Image ids not contiguous nor in file order; two images without objects (21, 2000); crowd regions over
+    objects (8, 57); boxes the training targets drop or change: under a pixel (22), of zero width (100),
+    overhanging the image (40); an `area` smaller than the box (8's crowd, 40's cat: COCO's areas are the
+    segments'). Every annotation has `area` and `iscrowd`, as COCO's files do, so pycocotools reads it as is.
+    """
+    sizes = {3: (56, 40), 8: (48, 72), 21: (64, 64), 22: (80, 52), 40: (40, 88), 57: (96, 60), 100: (60, 60),
+             101: (72, 48), 2000: (44, 44)}  # id: (width, height)
+    order = [57, 3, 22, 8, 2000, 40, 101, 21, 100]
+    images = [{"id": i, "file_name": f"img{i}.png", "width": sizes[i][0], "height": sizes[i][1]} for i in order]
+    boxes = [  # (image id, category id, [x, y, w, h], iscrowd, area or None for w * h)
+        (3, 3, [4, 4, 20, 14], 0, None), (3, 7, [30, 10, 22, 24], 0, None),
+        (8, 7, [0, 0, 48, 30], 1, 1000.0), (8, 3, [10, 40, 16, 20], 0, None),
+        (22, 12, [5, 5, 30, 30], 0, None), (22, 12, [45, 8, 28, 36], 0, None), (22, 3, [70.2, 45.1, 0.6, 0.8], 0, None),
+        (40, 3, [2, 2, 36, 40], 0, 900.0), (40, 7, [20, 60, 30, 40], 0, None),
+        (57, 3, [50, 0, 46, 60], 1, 2000.0), (57, 7, [4, 10, 30, 30], 0, None),
+        (100, 3, [10, 10, 0, 20], 0, None),
+        (101, 7, [8, 8, 24, 24], 0, None), (101, 7, [40, 16, 24, 24], 0, None),
+    ]
+    annotations = [{"id": 500 + 7 * k, "image_id": img, "category_id": cat, "bbox": bbox, "iscrowd": crowd,
+                    "area": bbox[2] * bbox[3] if area is None else area}
+                   for k, (img, cat, bbox, crowd, area) in enumerate(boxes)]
+    return {"images": images, "annotations": annotations, "categories": copy.deepcopy(VARIED_CATEGORIES)}
+
+
 def write_coco_split(root: Path, split: str, data: dict[str, Any]) -> Path:
     """Write `data` as root/annotations/instances_<split>.json and its images under root/<split>/.
 
@@ -50,7 +82,7 @@ def write_coco_split(root: Path, split: str, data: dict[str, Any]) -> Path:
         for a in data.get("annotations", []):
             if a.get("image_id") == im["id"] and len(a.get("bbox", ())) == 4:
                 x, y, w, h = (int(round(v)) for v in a["bbox"])
-                pixels[max(y, 0):y + h, max(x, 0):x + w] = _COLOURS.get(a.get("category_id"), (0, 200, 0))
+                pixels[max(y, 0):y + h, max(x, 0):x + w] = COLOURS.get(a.get("category_id"), (0, 200, 0))
         path = root / split / im["file_name"]
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).save(path, **({"quality": 95} if path.suffix == ".jpg" else {}))

@@ -1,13 +1,11 @@
-"""Trained runs that several tests read: one classification and one segmentation torchrun job, made once per
-test session (also under pytest-xdist) and shared read-only. A test that must change a run copies it first
-(`copy_run`); the fixtures fail at the end of the session if a shared run was changed.
+"""Trained runs that several tests read: torchrun jobs made once per test session (also under pytest-xdist) and
+shared read-only (`shared_run`; a task's own run is a fixture in its tests' conftest.py). A test that must change
+a run copies it first (`copy_run`); the fixtures fail at the end of the session if a shared run was changed.
 
-Each run is as small as its readers allow:
-- classification: 2 processes with per-rank BN (norm=bn) and an EMA of decay 0.5 (so the EMA weights differ
-  from the model's), 64 training images in batches of 16 per process (2 optimizer steps), one epoch, one
-  evaluation on 37 images (a prime: no world size divides it) in batches of 8 (several batches per rank).
-- segmentation: a narrow DeepLabV3 (ResNet-18, output stride 16) with SyncBN on 2 processes, 2 optimizer steps,
-  one evaluation on 13 images, each at its own size (data.variable_val_size).
+Each run is as small as its readers allow. The classification run: 2 processes with per-rank BN (norm=bn) and
+an EMA of decay 0.5 (so the EMA weights differ from the model's), 64 training images in batches of 16 per process
+(2 optimizer steps), one epoch, one evaluation on 37 images (a prime: no world size divides it) in batches of 8
+(several batches per rank).
 """
 from __future__ import annotations
 
@@ -26,15 +24,6 @@ CLS_OVERRIDES = [
     "data.eval_batch_size=8", "trainer.epochs=1", "trainer.ema=true", "trainer.ema_decay=0.5",
 ]
 CLS_VAL_SIZE = 37
-# part: segmentation
-SEG_OVERRIDES = [
-    "model=deeplabv3_resnet18", "model.output_stride=16", "model.head_channels=32", "norm=syncbn",
-    "data=shapes_seg", "data.train_size=16", "data.val_size=13", "data.image_size=32", "data.crop_size=32",
-    "data.base_size=32", "data.batch_size=4", "data.variable_val_size=true", "optim.lr=0.01",
-    "sched=poly", "trainer.epochs=1", "trainer.max_steps=2",
-]
-SEG_VAL_SIZE, SEG_STEPS, SEG_CLASSES = 13, 2, 5
-# /part
 
 
 def _train(overrides: list[str]):
@@ -45,7 +34,8 @@ def _train(overrides: list[str]):
     return make
 
 
-def _shared(factory: pytest.TempPathFactory, name: str, overrides: list[str]) -> Iterator[Path]:
+def shared_run(factory: pytest.TempPathFactory, name: str, overrides: list[str]) -> Iterator[Path]:
+    """A session fixture's body: the 2-process training run `name` with `overrides`, made once, checked unchanged."""
     run_dir = made_once(factory, name, _train(overrides))
     before = fingerprint(run_dir)
     yield run_dir
@@ -55,15 +45,9 @@ def _shared(factory: pytest.TempPathFactory, name: str, overrides: list[str]) ->
 @pytest.fixture(scope="session")
 def trained_cls_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The classification run's folder (CLS_OVERRIDES): metrics.jsonl, checkpoints/last.pt with EMA weights."""
-    yield from _shared(tmp_path_factory, "cls_run", CLS_OVERRIDES)
+    yield from shared_run(tmp_path_factory, "cls_run", CLS_OVERRIDES)
 
 
-# part: segmentation
-@pytest.fixture(scope="session")
-def trained_seg_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The segmentation run's folder (SEG_OVERRIDES): metrics.jsonl, checkpoints/last.pt."""
-    yield from _shared(tmp_path_factory, "seg_run", SEG_OVERRIDES)
-# /part
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

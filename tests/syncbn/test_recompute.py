@@ -110,23 +110,6 @@ def test_unguarded_torch_checkpoint_double_counts() -> None:
     assert int(bn.num_batches_tracked) == 2
 
 
-# part: segmentation
-@pytest.mark.slow
-def test_syncbn_one_process_counts_once_and_deeplab_backbone() -> None:
-    cfg = {"name": "deeplabv3plus_resnet18", "output_stride": 16, "head_channels": 16}
-    torch.manual_seed(0)
-    regions = enable_activation_checkpointing(build_model(cfg, {"name": "syncbn"}, 5), "deeplabv3plus")
-    assert regions == ["backbone.layer1", "backbone.layer2", "backbone.layer3", "backbone.layer4"]
-    # One optimizer step of two micro-batches: a ResNet-18 trunk in float64 is slow on 2 cores.
-    gen = torch.Generator().manual_seed(3)
-    batches = [(x, torch.randint(0, 5, (2, 16, 16), generator=gen)) for x, _ in _batches(3, 2, 16)[:MICRO_BATCHES]]
-    plain, ckpt = _two_runs(cfg, "syncbn", "deeplabv3plus", batches,
-                            loss_of=lambda out, y: F.cross_entropy(out["out"], y))
-    _compare(plain, ckpt)
-    assert int(ckpt["state"]["backbone.layer3.0.bn1.num_batches_tracked"]) == MICRO_BATCHES
-# /part
-
-
 def test_timm_model_uses_its_own_checkpointing() -> None:
     pytest.importorskip("timm")
     cfg = {"name": "timm", "arch": "resnet10t"}

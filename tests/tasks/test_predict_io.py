@@ -1,14 +1,14 @@
-"""predict.py's file handling: which inputs, in which order, output names that never collide, the CSV, errors."""
+"""predict.py's file handling: which inputs, in which order, errors (each task's output: tests/tasks/<task>/)."""
 from __future__ import annotations
 
-import csv
+import dataclasses
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from src.commands.predict import run
-from src.tasks.predict_io import list_inputs, mask_names, write_predictions_csv
+from src.tasks.predict_io import list_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,24 +39,6 @@ def test_single_file_input_and_missing_or_empty_inputs(tmp_path: Path) -> None:
         list_inputs(tmp_path / "empty")
 
 
-def test_mask_names_keep_folders_and_never_collide() -> None:
-    rel = [Path("a.jpg"), Path("a.png"), Path("x/a.jpg"), Path("y/a.jpg"), Path("z/b.tif")]
-    names = mask_names(rel)
-    assert names == [Path("a.jpg.png"), Path("a.png.png"), Path("x/a.png"), Path("y/a.png"), Path("z/b.png")]
-    assert len(set(names)) == len(names)
-
-
-def test_csv_rows_and_quoting(tmp_path: Path) -> None:
-    path = tmp_path / "out" / "predictions.csv"
-    write_predictions_csv(path, ["a.jpg", "dir/b,c.jpg"], [["cat", "dog, large"], ["dog, large", "cat"]],
-                          [[0.75, 0.25], [0.5, 0.4999996]])
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    assert rows == [["file", "class_1", "prob_1", "class_2", "prob_2"],
-                    ["a.jpg", "cat", "0.750000", "dog, large", "0.250000"],
-                    ["dir/b,c.jpg", "dog, large", "0.500000", "cat", "0.500000"]]
-
-
 def _compose(*overrides: str):
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         return compose("predict", overrides=list(overrides))
@@ -70,3 +52,25 @@ def test_missing_arguments_say_how_to_call_it(tmp_path: Path) -> None:
         run(_compose(f"ckpt={tmp_path}/x.pt", f"input={tmp_path}"))
     with pytest.raises(FileNotFoundError, match="ckpt=.*no such file"):
         run(_compose(f"ckpt={tmp_path}/x.pt", f"input={tmp_path}", f"out={tmp_path}/o"))
+
+
+def test_each_task_reads_its_own_predict_options_and_refuses_the_others() -> None:
+    """predict.py's schema holds every task's keys (topk=3 works without `+`); the checkpoint's task gets its own,
+    validated, and a key of another task set away from its default is refused."""
+    from src.commands.predict import _task_options
+    from src.tasks import all_tasks, get_task
+
+    classification = get_task("classification")
+    assert _task_options(_compose("topk=3"), classification).topk == 3
+    with pytest.raises(ValueError, match="topk must be an integer >= 1, got 0"):
+        _task_options(_compose("topk=0"), classification)
+    for task in all_tasks():  # another task's keys on a classifier (none in a classification-only project)
+        if task.predict_options is None or task is classification:
+            continue
+        key = dataclasses.fields(task.predict_options)[0]
+        value = not key.default if isinstance(key.default, bool) else key.default / 2
+        with pytest.raises(ValueError, match=f"{key.name} applies to {task.name} predictions only; this "
+                                             "checkpoint's model is classification"):
+            _task_options(_compose(f"{key.name}={str(value).lower()}"), classification)
+        with pytest.raises(ValueError, match="topk applies to classification predictions only"):
+            _task_options(_compose("topk=3"), task)

@@ -6,9 +6,8 @@ from torchvision import datasets
 
 from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
-from src.data.pairs import TensorPairs
 from src.data.registry import DATASETS, Splits
-from src.data.seg_transforms import IGNORE_INDEX
+from src.data.segmentation.masks import IGNORE_INDEX, TensorPairs
 
 NUM_TRAIN_IDS = 19
 

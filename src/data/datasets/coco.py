@@ -8,15 +8,18 @@
 
 conf/data/coco.yaml names the splits train2017 and val2017 (COCO 2017 as extracted). Everything is checked
 when the dataset is built, before training (src/data/coco_annotations.py: each error names the file and the
-entry); crowd annotations and boxes without area are dropped, category ids become labels 1..K in id order.
-Loading goes through torchvision's CocoDetection (pycocotools' index) and its transforms-v2 wrapper, which
-turns the [x, y, w, h] boxes into XYXY BoundingBoxes.
+entry); crowd annotations and boxes without area are dropped from the training targets, category ids become
+labels 1..K in id order. The validation targets also carry each image's ground truth as the file has it
+(target["coco"], a CocoImageTruth: crowd regions, every box, the annotations' area, the file's ids), which
+COCO's evaluation reads (src/tasks/coco_evaluation.py). Loading goes through torchvision's CocoDetection
+(pycocotools' index) and its transforms-v2 wrapper, which turns the [x, y, w, h] boxes into XYXY BoundingBoxes.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +29,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets, tv_tensors
 from torchvision.datasets.vision import VisionDataset
 
-from src.data.coco_annotations import CocoAnnotations, load_annotations
-from src.data import det_transforms  # noqa: F401  (registers the detection task's TaskData)
+from src.data.coco_annotations import COCO_TRUTH_KEY, CocoAnnotations, CocoImageTruth, image_truths, load_annotations
 from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import load_rgb
@@ -64,10 +66,10 @@ class CocoDetectionSet(Dataset):
 
     Samples are in increasing image id order (`image_ids[i]` is sample i's); boxes are clamped to the image
     and those left without area dropped. `coco` is the pycocotools index of the cleaned annotations (category
-    ids = labels), for COCO-style evaluation.
+    ids = labels). With `evaluation`, each target also holds the image's CocoImageTruth under "coco".
     """
 
-    def __init__(self, images_dir: Path, annotations: CocoAnnotations) -> None:
+    def __init__(self, images_dir: Path, annotations: CocoAnnotations, evaluation: bool = False) -> None:
         # Imported here, as torchvision does, so that the other datasets work without pycocotools.
         from pycocotools.coco import COCO
 
@@ -79,6 +81,7 @@ class CocoDetectionSet(Dataset):
         base = _IndexedCoco(images_dir, coco)
         self.image_ids: list[int] = list(base.ids)
         self._samples = datasets.wrap_dataset_for_transforms_v2(base, target_keys={"boxes", "labels"})
+        self.truths = image_truths(annotations) if evaluation else None
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -96,7 +99,17 @@ class CocoDetectionSet(Dataset):
             boxes, labels = boxes[keep], labels[keep]
         else:
             boxes, labels = torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)
-        return image, {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": labels}
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": labels}
+        if self.truths is not None:
+            target[COCO_TRUTH_KEY] = self._truth(self.image_ids[index], w, h)
+        return image, target
+
+    def _truth(self, image_id: int, width: int, height: int) -> CocoImageTruth:
+        """The image's ground truth as the file has it, its size filled in from the image where the file gives none."""
+        truth = self.truths[image_id]  # type: ignore[index]
+        if "width" in truth.image and "height" in truth.image:
+            return truth
+        return replace(truth, image={"width": width, "height": height, **truth.image})
 
 
 @DATASETS.register("coco", task="detection", varying_sizes=True)
@@ -121,8 +134,8 @@ def build_coco(cfg: DataConfig) -> Splits:
                  split, len(ann.data["images"]), len(ann.data["annotations"]), len(ann.categories),
                  ann.crowd_dropped, ann.degenerate_dropped)
     names = ["background"] + [name for _, name in train.categories]
-    return Splits(CocoDetectionSet(loaded[cfg.train_split][0], train), CocoDetectionSet(loaded[cfg.val_split][0], val),
-                  names, val_same_size=False)
+    return Splits(CocoDetectionSet(loaded[cfg.train_split][0], train),
+                  CocoDetectionSet(loaded[cfg.val_split][0], val, evaluation=True), names, val_same_size=False)
 
 
 def _describe(categories: list[tuple[int, str]]) -> str:

@@ -35,11 +35,13 @@ from torchvision import tv_tensors
 
 from src import comm
 from src.data.config import DataConfig
+from src.data.demo_folders import DemoFolder
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import IMAGE_EXTENSIONS, MASK_EXTENSIONS, has_extension, list_files, load_mask, load_rgb
 from src.data.registry import DATASETS, Splits
 from src.data.samplers import ExactEvalSampler
-from src.data.seg_transforms import IGNORE_INDEX
+from src.data.segmentation.demo_folders import write_segment
+from src.data.segmentation.masks import IGNORE_INDEX
 from src.data.transforms import to_image
 
 log = logging.getLogger(__name__)
@@ -73,13 +75,25 @@ class _Facts:
     error: Optional[str] = None  # the file could not be read as an image / index mask
 
 
+@dataclass
+class SegfolderOptions:
+    """The `data` keys segfolder reads."""
+
+    # masks/<image path without extension><mask_suffix>.png, e.g. "_mask" for a_mask.png.
+    mask_suffix: str = ""
+    # One class name per line (line k names mask value k); relative paths are relative to data.root;
+    # null = <root>/classes.txt when present, else classes numbered 0..num_classes-1.
+    classes_file: Optional[str] = None
+
+
 def _check_cfg(cfg: DataConfig) -> None:
     if cfg.num_classes is not None and cfg.num_classes > IGNORE_INDEX:
         raise ValueError(f"data.num_classes={cfg.num_classes}: segfolder masks are 8-bit, so at most "
                          f"{IGNORE_INDEX} classes (0..{IGNORE_INDEX - 1}; {IGNORE_INDEX} = ignore)")
 
 
-@DATASETS.register("segfolder", task="segmentation", varying_sizes=True, check=_check_cfg)
+@DATASETS.register("segfolder", task="segmentation", varying_sizes=True, check=_check_cfg, options=SegfolderOptions,
+                   demo=DemoFolder("segment", write_segment, 2000, 300, "image/mask pairs"))
 def build_segfolder(cfg: DataConfig) -> Splits:
     """Pairs images with masks, checks them all (see the module docstring) and derives the classes."""
     root = resolve_root(cfg.root)

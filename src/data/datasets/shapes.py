@@ -1,10 +1,10 @@
-"""The embedded datasets: `shapes` (classification) and `shapes_seg` (segmentation), generated, no files."""
+"""The embedded classification set `shapes`: generated, no files (src/data/shapes.py draws it)."""
 from __future__ import annotations
 
 from src.data import shapes
 from src.data.config import DataConfig
 from src.data.registry import DATASETS, Splits
-from src.data.shapes_datasets import ShapesClassification, ShapesSegmentation, check_scene_classes, scene_splits
+from src.data.shapes_datasets import ShapesClassification
 
 
 def _check_shapes(cfg: DataConfig) -> None:
@@ -12,10 +12,6 @@ def _check_shapes(cfg: DataConfig) -> None:
     if n is not None and not 2 <= n <= shapes.MAX_CLASSES:
         raise ValueError(f"data.num_classes for shapes must be in 2..{shapes.MAX_CLASSES} "
                          f"(the number of shape kinds), got {n}")
-
-
-def _check_shapes_seg(cfg: DataConfig) -> None:
-    check_scene_classes("shapes_seg", cfg.num_classes)
 
 
 @DATASETS.register("shapes", task="classification", check=_check_shapes)
@@ -27,10 +23,3 @@ def build_shapes(cfg: DataConfig) -> Splits:
     train = ShapesClassification(cfg.generator_seed, "train", cfg.train_size, **common)
     val = ShapesClassification(cfg.generator_seed, "val", cfg.val_size, **common)
     return Splits(train, val, list(train.classes))
-
-
-@DATASETS.register("shapes_seg", task="segmentation", check=_check_shapes_seg)
-def build_shapes_seg(cfg: DataConfig) -> Splits:
-    """Several shapes per image; data.num_classes counts the background (so kinds = num_classes - 1)."""
-    train, val, same_size = scene_splits(cfg, ShapesSegmentation)
-    return Splits(train, val, list(train.classes), val_same_size=same_size)

@@ -6,8 +6,8 @@ from torchvision import datasets
 
 from src.data.config import DataConfig
 from src.data.download import guarded, missing_download_message, resolve_root
-from src.data.pairs import TensorPairs
 from src.data.registry import DATASETS, Splits
+from src.data.segmentation.masks import TensorPairs
 
 VOC_CLASSES = [
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from src.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +94,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 class CheckpointSaver:
     """Writes one run's `last.pt` and its best-k files, ranked by a metric (higher or lower is better)."""
 
-    def __init__(self, run_dir: Path, metric: str, keep_best: int) -> None:
+    def __init__(self, run_dir: Path, metric: str, keep_best: int, *, higher_is_better: bool) -> None:
+        """`higher_is_better`: the metric's direction, as the run's task declares it (Task.higher_is_better)."""
         self.dir = checkpoint_dir(run_dir)
         self.metric = metric
         self.keep_best = keep_best
-        self.higher_is_better = Task.higher_is_better(metric)
+        self.higher_is_better = higher_is_better
 
     def best_k_update(self, best: list[list], step: int, metrics: dict[str, float]
                       ) -> tuple[list[list], str | None, list[str]]:

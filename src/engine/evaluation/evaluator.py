@@ -1,10 +1,14 @@
 """Exact distributed evaluation: every validation sample counted once, the same metrics for any world size.
 
-The loader comes from src.data.build_eval_loader (ExactEvalSampler: contiguous uneven shards, no padding)
-and yields (images, targets, indices). Ranks may therefore run different numbers of batches, so the
-per-batch loop never communicates: the task's evaluator (src/tasks/) accumulates each batch, and all
-collectives happen once, in its compute(), in the same order on every rank. How each task keeps its results
-exact is in its module (src/tasks/classification.py, segmentation.py, ...).
+The loader comes from src.data.build_eval_loader (EvalBatchSampler: fixed blocks of dataset indices as
+batches, whole blocks per rank, no padding) and yields Batches of (images, targets, indices) (src/data/batch.py).
+Ranks may therefore run different numbers of batches, so the per-batch loop never communicates: the task's
+evaluator (src/tasks/) accumulates each batch, and all collectives happen once, in its compute(), in the same
+order on every rank. How each task keeps its results exact is in its package (src/tasks/<task>/).
+
+Bitwise the same at any world size: each image is computed in the same batch (the sampler) with the same
+number of CPU threads (`threads`, trainer.eval_num_threads), so its outputs are the same bits whichever rank
+computes it, and the evaluators reduce them in dataset order.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from src.data.batch import as_batch
+from src.engine.cpu_threads import fixed_threads
 from src.precision import autocast, model_dtype
 from src.tasks import EvalContext, Task, get_task
 from src.unwrap import eval_mode, without_ddp
@@ -29,10 +35,10 @@ def evaluate(
     device: torch.device | str,
     *,
     amp: str = "none",
-    ignore_index: int = 255,
     loss_fn: LossFn | None = None,
     export: str | Path | None = None,
     class_names: list[str] | None = None,
+    threads: int = 0,
 ) -> dict[str, float]:
     """Evaluate on the loader's shard of every rank; returns the same metrics dict on every rank.
 
@@ -40,7 +46,9 @@ def evaluate(
     "top5"}, top-k in percent; segmentation: {"loss", "miou", "pixel_acc", "iou_<class>"...}, 0-1).
     `loss_fn(outputs, targets)` should return unreduced losses (per sample [N], or per pixel [N,H,W] with
     ignored pixels at 0); default: the task's own. `export=DIR` writes predictions in dataset order from
-    rank 0. Must be called on every rank (it ends with collectives).
+    rank 0. `threads` > 0: the intra-op CPU threads during the evaluation on a CPU device (restored after);
+    the same number on every rank makes the results bitwise independent of the world size. Must be called
+    on every rank (it ends with collectives).
     """
     task = get_task(task) if isinstance(task, str) else task
     device = torch.device(device)
@@ -48,15 +56,15 @@ def evaluate(
     # A compiled bare model (trainer.compile) is kept: evaluation runs its compiled eval-mode graph.
     net = without_ddp(model)
     evaluator = task.evaluator(EvalContext(
-        num_classes=num_classes, device=device, dataset_size=_dataset_size(loader), ignore_index=ignore_index,
+        num_classes=num_classes, device=device, dataset_size=_dataset_size(loader),
         class_names=class_names, loss_fn=loss_fn, export=Path(export) if export is not None else None))
     dtype = model_dtype(net)
-    with eval_mode(net), torch.inference_mode():
+    with fixed_threads(threads if device.type == "cpu" else 0), eval_mode(net), torch.inference_mode():
         for batch in loader:
-            images, targets, indices = task.eval_batch(batch, device, dtype)
+            batch = as_batch(batch).to(device, dtype)
             with autocast(amp, device):
-                outputs = task.eval_forward(net, images)
-            evaluator.process(outputs, targets, indices)
+                outputs = net(batch.images)
+            evaluator.process(outputs, batch.targets, batch.indices)
         return evaluator.compute()
 
 

@@ -33,7 +33,7 @@ WRITER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from pathlib import Path
     from src.engine.checkpoint.files import CheckpointSaver
-    saver = CheckpointSaver(Path({path!r}).parents[1], "top1", keep_best=0)
+    saver = CheckpointSaver(Path({path!r}).parents[1], "top1", keep_best=0, higher_is_better=True)
     i = 0
     while True:  # rewrite last.pt forever with a ~24 MB payload tagged by its generation
         saver.write({{"generation": i, "payload": torch.full((6_000_000,), float(i))}})
@@ -82,7 +82,7 @@ def _training_state(norm: str = "bn") -> dict:
 
 def test_full_training_state_loads_with_weights_only(tmp_path: Path) -> None:
     state = _training_state()
-    path = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=0).write(state)
+    path = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=0, higher_is_better=True).write(state)
     loaded = ckpt_io.load_checkpoint(path)  # weights_only=True inside
     assert loaded["scheduler"] == state["scheduler"]
     assert loaded["sampler"] == state["sampler"] and loaded["config"] == state["config"]
@@ -100,7 +100,7 @@ def test_rng_state_round_trip() -> None:
 
 
 def test_best_k_keeps_the_k_best_and_last(tmp_path: Path) -> None:
-    saver = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=2)
+    saver = ckpt_io.CheckpointSaver(tmp_path, "top1", keep_best=2, higher_is_better=True)
     best: list = []
     for epoch, top1 in enumerate([10.0, 30.0, 20.0, 5.0, 40.0]):
         best, name, dropped = saver.best_k_update(best, epoch * 10, {"top1": top1})  # what Trainer does
@@ -110,8 +110,8 @@ def test_best_k_keeps_the_k_best_and_last(tmp_path: Path) -> None:
     assert [v for v, _ in best] == [40.0, 30.0]
     assert sorted(f for f in files if f.startswith("best")) == sorted(name for _, name in best)
     assert ckpt_io.load_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == best
-    # A loss ranks the other way round, and a save without metrics only rewrites last.pt.
-    low = ckpt_io.CheckpointSaver(tmp_path / "low", "loss", keep_best=1)
+    # A falling metric ranks the other way round, and a save without metrics only rewrites last.pt.
+    low = ckpt_io.CheckpointSaver(tmp_path / "low", "loss", keep_best=1, higher_is_better=False)
     ranked, name, dropped = low.best_k_update([[2.0, "a.pt"]], 7, {"loss": 1.5})
     assert ranked == [[1.5, name]] and dropped == ["a.pt"] and name.startswith("best_step0000007_loss1.5000")
     assert low.best_k_update(ranked, 8, {}) == (ranked, None, [])

@@ -1,8 +1,10 @@
-"""TensorPairs: (image file, label map file) pairs as (Image, Mask) tensors, for torchvision's segmentation sets.
+"""Segmentation samples in the data layer: the ignore label, and TensorPairs, (image file, label map file) pairs as
+(Image, Mask) tensors, for torchvision's segmentation sets.
 
 Every segmentation dataset returns (tv_tensors.Image uint8 [3, H, W], tv_tensors.Mask uint8 [H, W]) with
-255 = ignore, so the joint transforms in seg_transforms.py treat them all alike. torchvision's VOC and Cityscapes
-classes find the files; reading them here (src/data/image_files.py) makes a corrupt file an error that names it.
+255 = ignore, so segmentation's joint transforms (src/tasks/segmentation/transforms.py) treat them all alike.
+torchvision's VOC and Cityscapes classes find the files; reading them here (src/data/image_files.py) makes a
+corrupt file an error that names it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from torchvision import tv_tensors
 
 from src.data.image_files import load_mask, load_rgb
 from src.data.transforms import to_image, to_mask
+
+IGNORE_INDEX = 255  # the label of pixels no metric or loss counts (VOC's void border, Cityscapes' unlabelled)
 
 
 class TensorPairs(Dataset):

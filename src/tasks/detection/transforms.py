@@ -1,4 +1,4 @@
-"""Joint image + boxes transforms for detection (torchvision.transforms.v2 with tv_tensors).
+"""Detection's joint image + boxes transforms (torchvision.transforms.v2 with tv_tensors) and its TaskData.
 
 A detection sample is `(image, {"boxes": tv_tensors.BoundingBoxes XYXY, "labels": int64 [K]})`; v2 moves the
 boxes with every geometric transform and SanitizeBoundingBoxes drops the boxes (and their labels) that
@@ -13,8 +13,8 @@ import torch
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
-from src.data.det_collate import detection_collate, detection_collate_indexed
-from src.data.task_data import TaskData, register_task_data
+from src.data.batch import collate_lists
+from src.data.task_data import TaskData
 
 
 class DetectionTransform:
@@ -71,6 +71,5 @@ def detection_predict_transform(cfg: DataConfig) -> v2.Compose:
     return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
 
 
-register_task_data(TaskData("detection", train=detection_train_transform, eval=detection_eval_transform,
-                            predict=detection_predict_transform, device_transforms=False,
-                            collate=detection_collate, eval_collate=detection_collate_indexed))
+DETECTION_DATA = TaskData("detection", train=detection_train_transform, eval=detection_eval_transform,
+                          predict=detection_predict_transform, device_transforms=False, collate=collate_lists)

@@ -15,17 +15,20 @@ import torch
 import torch.nn.functional as F
 
 from src import comm
-from src.data.palette import save_mask_png
 from src.data.samplers import check_each_index_once
+from src.data.segmentation.masks import IGNORE_INDEX
+from src.data.segmentation.palette import save_mask_png
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once, custom_loss
-from src.tasks.exports import export_segmentation, gather_masks
-from src.tasks.metrics import ConfusionMatrix
-from src.tasks.predict_io import mask_names
 from src.tasks.registry import register_task
+from src.tasks.segmentation.exports import export_segmentation, gather_masks
+from src.tasks.segmentation.metrics import ConfusionMatrix
+from src.tasks.segmentation.options import SegmentationData, SegmentationOptions
+from src.tasks.segmentation.predictions import mask_names
+from src.tasks.segmentation.transforms import SEGMENTATION_DATA
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 
 
 def segmentation_logits(output: Any) -> torch.Tensor:
@@ -37,7 +40,7 @@ def segmentation_logits(output: Any) -> torch.Tensor:
     return output
 
 
-def segmentation_loss(ignore_index: int = 255, aux_weight: float = 0.0) -> Loss:
+def segmentation_loss(ignore_index: int = IGNORE_INDEX, aux_weight: float = 0.0) -> Loss:
     """Per-pixel CE ignoring `ignore_index`, plus aux_weight x CE of the auxiliary head when present.
 
     The mean is over the labelled pixels of the micro-batch (F.cross_entropy's convention).
@@ -57,13 +60,13 @@ class SegmentationEvaluator:
 
     def __init__(self, context: EvalContext) -> None:
         self.context = context
-        self.cm = ConfusionMatrix(context.num_classes, context.ignore_index, device=context.device)
+        self.cm = ConfusionMatrix(context.num_classes, IGNORE_INDEX, device=context.device)
         self.loss_rows: list[torch.Tensor] = []  # per image: index, loss summed over valid pixels, valid pixels
         self.masks: list[tuple[int, torch.Tensor]] = []  # (index, uint8 prediction), kept only when exporting
 
     def process(self, outputs: Any, targets: torch.Tensor, indices: torch.Tensor) -> None:
         """One batch of logits (any size: resized to the masks')."""
-        ignore = self.context.ignore_index
+        ignore = IGNORE_INDEX
         logits, targets = upcast(segmentation_logits(outputs)), targets.long()  # masks may arrive as uint8
         if logits.shape[-2:] != targets.shape[-2:]:
             # Models here already answer at input size; this covers a mask kept at a different size.
@@ -102,12 +105,18 @@ class Segmentation(Task):
     """Image -> mask; TensorBoard shows image | truth | prediction panels after each evaluation."""
 
     name = "segmentation"
-    metrics = ("miou", "pixel_acc", "loss")
+    metrics = {"miou": MAX, "pixel_acc": MAX, "loss": MIN}
     per_class_prefix = "iou_"
+    data = SEGMENTATION_DATA
+    config_options = {"data": SegmentationData}
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+    def options(self, config: Any) -> SegmentationOptions:
+        """The auxiliary head's loss weight (model.aux_loss_weight of the models that have one)."""
+        return SegmentationOptions(aux_weight=float(getattr(config.model, "aux_loss_weight", 0.0) or 0.0))
+
+    def loss(self, options: SegmentationOptions) -> Loss:
         """Per-pixel cross-entropy (plus model.aux_loss_weight x the auxiliary head's)."""
-        return segmentation_loss(ignore_index, aux_weight)
+        return segmentation_loss(IGNORE_INDEX, options.aux_weight)
 
     def describe_output(self, outputs: Any) -> str:
         """The main head's logits shape."""
@@ -118,11 +127,11 @@ class Segmentation(Task):
         return SegmentationEvaluator(context)
 
     def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
-                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+                          mean: Sequence[float], std: Sequence[float], amp: str) -> None:
         """image | truth | prediction rows of a few fixed validation images."""
-        from src.tasks.pictures import log_segmentation_panels
+        from src.tasks.segmentation.pictures import log_segmentation_panels
 
-        log_segmentation_panels(writer, model, dataset, step, device, mean=mean, std=std, ignore_index=ignore_index,
+        log_segmentation_panels(writer, model, dataset, step, device, mean=mean, std=std, ignore_index=IGNORE_INDEX,
                                 amp=amp)
 
     def predict_batch_size(self, requested: int) -> int:
@@ -130,15 +139,14 @@ class Segmentation(Task):
         return 1
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
+                class_names: list[str], batch_count: int, options: Any) -> Path:
         """One palette PNG per input (pixel value = class); masks reach rank 0 in rounds (gather_masks)."""
         targets = mask_names(files)
 
         def masks() -> Iterator[tuple[int, np.ndarray]]:
-            for images, indices in batches:
-                pred = upcast(segmentation_logits(forward(images))).argmax(dim=1).to(torch.uint8).cpu()
-                yield from ((int(i), m.numpy()) for i, m in zip(indices, pred))
+            for batch in batches:
+                pred = upcast(segmentation_logits(forward(batch))).argmax(dim=1).to(torch.uint8).cpu()
+                yield from ((int(i), m.numpy()) for i, m in zip(batch.indices, pred))
 
         def write(index: int, mask: np.ndarray) -> None:
             path = out_dir / targets[index]
@@ -152,6 +160,10 @@ class Segmentation(Task):
             print(f"predicted {len(seen)} mask(s) on {comm.get_world_size()} process(es) under {out_dir} "
                   f"(palette PNGs, pixel value = class: {legend})", flush=True)
         return out_dir
+
+    def export_output(self, outputs: Any) -> torch.Tensor:
+        """The main head's logits (the auxiliary head is a training device)."""
+        return segmentation_logits(outputs)
 
     def export_size(self, train_data: Any) -> int:
         """The training crop."""

@@ -1,13 +1,14 @@
-"""MixUp / CutMix of training batches (torchvision.transforms.v2), for classification."""
+"""MixUp / CutMix of classification's training batches (torchvision.transforms.v2)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from src.config import TrainerConfig
+from typing import Any
 
 
-def build_mix(settings: TrainerConfig, num_classes: int) -> Optional[Callable]:
-    """MixUp and/or CutMix (one of them per batch when both are on); None when both alphas are 0."""
+def build_mix(settings: Any, num_classes: int) -> Optional[Callable]:
+    """MixUp and/or CutMix (one of them per batch when both are on) of `settings.mixup_alpha` and
+    `settings.cutmix_alpha`; None when both alphas are 0."""
     if settings.mixup_alpha <= 0 and settings.cutmix_alpha <= 0:
         return None
     from torchvision.transforms import v2

@@ -1,11 +1,8 @@
-"""Write predictions to disk in dataset order, from rank 0 only.
+"""evaluate.py's export=DIR for segmentation, and how masks reach rank 0 (docs/evaluation.md).
 
-Layout of the export directory (docs/evaluation.md):
-- classification: `predictions.npy` (int64 [N], entry i = predicted class of dataset sample i) and
-  `predictions.csv` (header `index,prediction`, one row per sample in dataset order).
-- segmentation: one palette PNG per image, `{index:06d}.png`, the same size as the image; pixel values are
-  the predicted class indices (np.array(PIL.Image.open(path)) gives them back) and the palette is
-  Pascal VOC's, so the files also look right in an image viewer.
+One palette PNG per image, `{index:06d}.png`, the same size as the image; pixel values are the predicted
+class indices (np.array(PIL.Image.open(path)) gives them back) and the palette is Pascal VOC's, so the files
+also look right in an image viewer.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import numpy as np
 import torch
 
 from src import comm
-from src.data.palette import save_mask_png
+from src.data.segmentation.palette import save_mask_png
 
 # Masks travel to rank 0 in rounds of at most this many per rank, so no rank ever holds every rank's masks
 # at once (VOC val is ~270 MB of uint8 masks, a 12-megapixel photo's mask 12 MB).
@@ -28,17 +25,6 @@ MASKS_PER_ROUND = 8
 def mask_filename(index: int) -> str:
     """File name of dataset sample `index`'s exported mask."""
     return f"{index:06d}.png"
-
-
-def export_classification(out_dir: Path, indices: torch.Tensor, preds: torch.Tensor) -> None:
-    """Write predictions.npy and predictions.csv (call on rank 0 with the gathered, index-sorted rows)."""
-    order = indices.argsort(stable=True)
-    indices, preds = indices[order].numpy(), preds[order].numpy().astype(np.int64)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    np.save(out_dir / "predictions.npy", preds)
-    with open(out_dir / "predictions.csv", "w", encoding="utf-8") as f:
-        f.write("index,prediction\n")
-        f.writelines(f"{i},{p}\n" for i, p in zip(indices.tolist(), preds.tolist()))
 
 
 def export_segmentation(out_dir: Path, masks: list[tuple[int, torch.Tensor]]) -> None:

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from src import comm
 from src.data.samplers import check_each_index_once
+from src.data.transforms import varying_sizes
+from src.dataclass_config import section
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
+from src.tasks.classification.exports import export_classification
+from src.tasks.classification.metrics import topk_correct
+from src.tasks.classification.mix import build_mix
+from src.tasks.classification.options import ClassificationData, ClassificationPredict, ClassificationTraining
+from src.tasks.classification.predictions import PREDICTIONS_CSV, write_predictions_csv
+from src.tasks.classification.transforms import CLASSIFICATION_DATA
 from src.tasks.evaluation import check_each_sample_once, custom_loss
-from src.tasks.exports import export_classification
-from src.tasks.metrics import topk_correct
-from src.tasks.predict_io import PREDICTIONS_CSV, write_predictions_csv
 from src.tasks.registry import register_task
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 
 
 def classification_loss(label_smoothing: float = 0.0) -> Loss:
@@ -87,12 +92,35 @@ class Classification(Task):
     """Image -> class; MixUp / CutMix apply; TensorBoard shows the first training batch."""
 
     name = "classification"
-    metrics = ("top1", "top5", "loss")
-    mixing = True
+    metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
+    data = CLASSIFICATION_DATA
+    config_options = {"trainer": ClassificationTraining, "data": ClassificationData}
+    predict_options = ClassificationPredict
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+    def validate(self, config: Any) -> None:
+        """Its options; images of varying sizes are evaluated resized, then cropped: data.resize_size >=
+        data.image_size; the automatic augmentation and erasing are training augmentation."""
+        super().validate(config)
+        data = config.data
+        if varying_sizes(data) and (not isinstance(data.resize_size, int) or data.resize_size < data.image_size):
+            raise ValueError(f"data.resize_size must be an integer >= {data.image_size}, got {data.resize_size!r}")
+        used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
+                if on]
+        if used and not data.augment:
+            raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
+                             f"set data.augment=true or remove data.{used[0]}")
+
+    def options(self, config: Any) -> ClassificationTraining:
+        """trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha."""
+        return section(config.trainer, ClassificationTraining)
+
+    def loss(self, options: ClassificationTraining) -> Loss:
         """Cross-entropy with trainer.label_smoothing."""
-        return classification_loss(label_smoothing)
+        return classification_loss(options.label_smoothing)
+
+    def batch_mix(self, options: ClassificationTraining, num_classes: int) -> Optional[Callable]:
+        """MixUp / CutMix with trainer.mixup_alpha / trainer.cutmix_alpha (None when both are 0)."""
+        return build_mix(options, num_classes)
 
     def evaluator(self, context: EvalContext) -> ClassificationEvaluator:
         """top1 / top5 in percent, the mean loss."""
@@ -101,21 +129,21 @@ class Classification(Task):
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
                           std: Sequence[float]) -> None:
         """A grid of up to 32 training images."""
-        from src.tasks.pictures import log_classification_grid
+        from src.tasks.classification.pictures import log_classification_grid
 
         log_classification_grid(writer, images[:32].cpu(), step, targets=targets[:32].cpu(), mean=list(mean),
                                 std=list(std))
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
-        """out/predictions.csv: per input, the top-k classes and their softmax probabilities."""
-        k = min(topk, len(class_names))
+                class_names: list[str], batch_count: int, options: ClassificationPredict) -> Path:
+        """out/predictions.csv: per input, the `topk` classes and their softmax probabilities."""
+        k = min(options.topk, len(class_names))
         rows: list[tuple[int, list[int], list[float]]] = []
-        for images, indices in batches:
-            probs = upcast(forward(images)).softmax(dim=1)
+        for batch in batches:
+            probs = upcast(forward(batch)).softmax(dim=1)
             top = probs.topk(k, dim=1)
-            rows += [(int(i), c.tolist(), p.tolist()) for i, c, p in zip(indices, top.indices.cpu(), top.values.cpu())]
+            rows += [(int(i), c.tolist(), p.tolist())
+                     for i, c, p in zip(batch.indices, top.indices.cpu(), top.values.cpu())]
         gathered = sorted(r for part in comm.all_gather_object(rows) for r in part)
         check_each_index_once([r[0] for r in gathered], len(files), "inputs", EACH_ONCE_HINT)
         path = out_dir / PREDICTIONS_CSV

@@ -1,8 +1,7 @@
-"""Evaluation metrics: top-k accuracy for classification, a confusion matrix for segmentation.
+"""Segmentation metrics: a confusion matrix and the miou, pixel_acc and per-class IoU it gives.
 
 Conventions (docs/evaluation.md repeats them):
-- top-k accuracies are in percent (0-100); segmentation metrics (miou, pixel_acc, iou_<class>) are in 0-1,
-  so "0.80 mIoU" reads naturally.
+- miou, pixel_acc and iou_<class> are in 0-1, so "0.80 mIoU" reads naturally.
 - Absent classes: a class whose union is zero (it appears neither in the ground truth nor in the
   predictions of any evaluated pixel) has an undefined IoU. Its `iou_<class>` is NaN and it is excluded
   from the mean, as torchvision's references, mmseg and the Cityscapes scripts do. A class that is in the
@@ -12,34 +11,10 @@ Conventions (docs/evaluation.md repeats them):
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
-
-def topk_correct(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> torch.Tensor:
-    """Per-sample hit flags [N, len(ks)] (bool): is the target among the k highest logits.
-
-    k larger than the number of classes is clamped to it (top-5 of a 3-class problem is always a hit).
-    Ties are broken by torch.topk, which is deterministic for a given input.
-    """
-    if logits.dim() != 2:
-        raise ValueError(f"expected logits of shape [N, num_classes], got {tuple(logits.shape)}")
-    num_classes = logits.shape[1]
-    kmax = min(max(ks), num_classes)
-    top = logits.topk(kmax, dim=1).indices  # [N, kmax], best first
-    hits = top.eq(targets.view(-1, 1))  # [N, kmax]
-    cumulative = hits.cumsum(dim=1).bool()  # hit within the first j+1 guesses
-    cols = [min(k, num_classes) - 1 for k in ks]
-    return cumulative[:, cols]
-
-
-def topk_accuracy(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[float]:
-    """Top-k accuracies in percent for each k in ks (NaN for an empty batch)."""
-    if targets.numel() == 0:
-        return [math.nan for _ in ks]
-    hits = topk_correct(logits, targets, ks)
-    return [100.0 * float(hits[:, j].sum()) / targets.numel() for j in range(len(ks))]
+from src.tasks.evaluation import metric_name
 
 
 def confusion_matrix(
@@ -67,11 +42,6 @@ def confusion_matrix(
     # bincount on the flattened (target, prediction) pair is one pass and exact in int64.
     counts = torch.bincount(t * num_classes + p, minlength=num_classes * num_classes)
     return counts.view(num_classes, num_classes)
-
-
-def metric_name(class_name: str) -> str:
-    """A class name made safe for a metric key / TensorBoard tag ("traffic light" -> "traffic_light")."""
-    return re.sub(r"[^0-9A-Za-z_.-]+", "_", class_name.strip()) or "unnamed"
 
 
 class ConfusionMatrix:

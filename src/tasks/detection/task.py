@@ -6,15 +6,15 @@ input's pixels), "scores", "labels"}. Images are lists of float [3, H, W] tensor
 and normalises them itself); targets are lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K]} with
 labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes_det.py and coco.py.
 
-Evaluation: COCO mAP@[.5:.95] (`map`) and mAP@.5 (`map50`) from torchmetrics' MeanAveragePrecision (the
-pycocotools backend). Each rank keeps its images' predictions and ground truth by dataset index; one
-gather_object brings every image's to rank 0, sorted by index, the metric is computed there on all of them
-in that order (exactly what one process computes, for any world size) and broadcast to every rank.
+Evaluation: COCO's own (pycocotools' COCOeval on COCO's ground truth, src/tasks/coco_evaluation.py): mAP@[.5:.95]
+(`map`), mAP@.5 (`map50`) and mAP@.75 (`map75`). Each rank keeps its images' detections and COCO ground truth
+by dataset index; one gather_object brings every image's to rank 0, sorted by index, the metric is computed
+there on all of them in that order (exactly what one process computes, for any world size) and broadcast to
+every rank.
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,21 +23,21 @@ from torchvision.io import write_png
 from torchvision.utils import draw_bounding_boxes, make_grid
 
 from src import comm
+from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
 from src.precision import upcast
-from src.tasks.base import EvalContext, Loss, Task, unpack_eval_batch
+from src.tasks.base import MAX, EvalContext, Loss, Task
+from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
 from src.tasks.evaluation import check_each_sample_once
+from src.tasks.detection.options import DetectionPredict
+from src.tasks.detection.transforms import DETECTION_DATA
 from src.tasks.registry import register_task
 
-EACH_ONCE_HINT = "the loader must use ExactEvalSampler"
+EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
 PREDICTIONS_JSON = "predictions.json"
+COCO_RESULTS_JSON = "coco_results.json"  # evaluate.py's export: the detections COCOeval read, in its format
 BOXES_FOLDER = "boxes"  # predict.py draw=true: the inputs with their boxes drawn
 PICTURE_SCORE = 0.3  # TensorBoard pictures draw the predictions scoring at least this
-
-
-def _cpu_target(target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {"boxes": target["boxes"].detach().to("cpu", torch.float32).as_subclass(torch.Tensor).reshape(-1, 4),
-            "labels": target["labels"].detach().to("cpu", torch.int64).as_subclass(torch.Tensor).reshape(-1)}
 
 
 def _cpu_prediction(prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -54,24 +54,6 @@ def detection_loss(losses: dict[str, torch.Tensor], targets: Any = None) -> torc
     return sum(upcast(v) for v in losses.values())
 
 
-def mean_average_precision(predictions: Sequence[dict[str, torch.Tensor]],
-                           targets: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """COCO box mAP of per-image predictions against ground truth (torchmetrics), as {"map", "map50", "map75"}."""
-    from torchmetrics.detection import MeanAveragePrecision
-
-    # sync_on_compute=False: torchmetrics would otherwise all_gather its state over the default process group
-    # inside compute(); the images are already all here (one rank computes), and a collective on one rank hangs.
-    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", sync_on_compute=False)
-    if predictions:
-        metric.update(list(predictions), list(targets))
-        result = metric.compute()
-        values = {"map": float(result["map"]), "map50": float(result["map_50"]), "map75": float(result["map_75"])}
-    else:
-        values = {"map": math.nan, "map50": math.nan, "map75": math.nan}
-    # pycocotools reports -1 where no ground truth exists at all: undefined, as NaN.
-    return {k: (math.nan if v < 0 else v) for k, v in values.items()}
-
-
 class DetectionEvaluator:
     """Per-image predictions and ground truth, gathered once by index (see the module docstring)."""
 
@@ -80,14 +62,15 @@ class DetectionEvaluator:
             raise ValueError("detection evaluation reports mAP; a loss_fn does not apply (the models compute "
                              "their losses only in training mode)")
         self.context = context
-        self.rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+        self.rows: list[tuple[int, dict[str, torch.Tensor], CocoImageTruth]] = []
 
-    def process(self, outputs: list[dict[str, torch.Tensor]], targets: Sequence[dict[str, torch.Tensor]],
+    def process(self, outputs: list[dict[str, torch.Tensor]], targets: Sequence[dict[str, Any]],
                 indices: torch.Tensor) -> None:
-        """One batch: the model's detections and the ground truth of its images."""
+        """One batch: the model's detections and the COCO ground truth of its images."""
         if len(outputs) != len(targets):
             raise ValueError(f"the model returned {len(outputs)} detection lists for {len(targets)} images")
-        self.rows += [(int(i), _cpu_prediction(p), _cpu_target(t)) for i, p, t in zip(indices, outputs, targets)]
+        self.rows += [(int(i), _cpu_prediction(p), image_truth(int(i), t, self.context.num_classes))
+                      for i, p, t in zip(indices, outputs, targets)]
 
     def compute(self) -> dict[str, float]:
         """Every rank's rows gathered on rank 0, sorted by index, the mAP computed there once and broadcast: the
@@ -107,13 +90,17 @@ class DetectionEvaluator:
             raise RuntimeError(f"detection evaluation failed on rank 0: {value}")
         return value
 
-    def _metrics(self, rows: list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> dict[str, float]:
-        """Rank 0: the exactly-once check, the export, the mAP of all images."""
+    def _metrics(self, rows: list[tuple[int, dict[str, torch.Tensor], CocoImageTruth]]) -> dict[str, float]:
+        """Rank 0: the exactly-once check, the export, COCO's evaluation of all images."""
         check_each_sample_once(torch.tensor([r[0] for r in rows], dtype=torch.int64), self.context.dataset_size)
+        results = [result for _, prediction, truth in rows for result in box_results(truth, prediction)]
         if self.context.export is not None:
             write_predictions_json(self.context.export / PREDICTIONS_JSON, [str(r[0]) for r in rows],
                                    [r[1] for r in rows], self.context.class_names or [], key="index")
-        return mean_average_precision([r[1] for r in rows], [r[2] for r in rows])
+            # json writes each float's shortest exact repr: COCOeval on this file reads the very numbers used here.
+            (self.context.export / COCO_RESULTS_JSON).write_text(json.dumps(results) + "\n")
+        metrics = coco_metrics(ground_truth([r[2] for r in rows], self.context.class_names), results, "bbox")
+        return {name: metrics[name] for name in Detection.metrics}
 
 
 def write_predictions_json(path: Path, names: list[str], predictions: list[dict[str, torch.Tensor]],
@@ -142,7 +129,9 @@ class Detection(Task):
     """Images -> boxes with classes; the model computes its own losses from the targets."""
 
     name = "detection"
-    metrics = ("map", "map50", "map75")
+    metrics = {"map": MAX, "map50": MAX, "map75": MAX}
+    data = DETECTION_DATA
+    predict_options = DetectionPredict
 
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""
@@ -155,8 +144,6 @@ class Detection(Task):
              "the training batches are lists of images with their boxes (set data.device_transforms=auto or false)"),
             (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
              "its training-mode forward needs each batch's boxes"),
-            (trainer.label_smoothing > 0, f"trainer.label_smoothing={trainer.label_smoothing}",
-             "the detectors' classification losses are their own (focal loss)"),
             (trainer.compile, "trainer.compile=true",
              "the detectors' box decoding and NMS have data-dependent shapes"),
             (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
@@ -166,25 +153,11 @@ class Detection(Task):
             if on:
                 raise ValueError(f"{key} does not apply to detection: {why}; remove it")
 
-    def move_images(self, images: Any, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
-        """A list of images, each on the device in the model's dtype."""
-        return [image.to(device, dtype, non_blocking=True) for image in images]
-
-    def to_device(self, images: Any, targets: Any, *, device: torch.device, dtype: torch.dtype,
-                  transform: Any = None) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-        """Lists of images (model dtype) and target dicts on the device."""
-        return (self.move_images(images, device, dtype),
-                [{k: v.to(device, non_blocking=True) for k, v in target.items()} for target in targets])
-
-    def batch_size(self, images: Any) -> int:
-        """Images in the list."""
-        return len(images)
-
     def forward(self, module: torch.nn.Module, images: Any, targets: Any) -> dict[str, torch.Tensor]:
-        """torchvision's training protocol: the model's losses for these images and boxes."""
-        return module(list(images), list(targets))
+        """torchvision's training protocol: the model's losses for these images and boxes (lists)."""
+        return module(images, targets)
 
-    def loss(self, *, label_smoothing: float, ignore_index: int, aux_weight: float) -> Loss:
+    def loss(self, options: Any) -> Loss:
         """The sum of the model's losses."""
         return detection_loss
 
@@ -194,17 +167,8 @@ class Detection(Task):
             return "losses " + ", ".join(f"{k}={float(v):.4f}" for k, v in outputs.items())
         return f"{[len(o['boxes']) for o in outputs]} boxes per image"
 
-    def eval_batch(self, batch: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
-        """Images on the device; the ground truth stays on the CPU, where mAP is computed."""
-        images, targets, indices = unpack_eval_batch(batch)
-        return self.move_images(images, device, dtype), list(targets), indices
-
-    def eval_forward(self, net: torch.nn.Module, images: Any) -> Any:
-        """Per image {"boxes", "scores", "labels"}."""
-        return net(list(images))
-
     def evaluator(self, context: EvalContext) -> DetectionEvaluator:
-        """map, map50, map75 (COCO, torchmetrics)."""
+        """map, map50, map75 (COCO's evaluation, src/tasks/coco_evaluation.py)."""
         return DetectionEvaluator(context)
 
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
@@ -217,7 +181,7 @@ class Detection(Task):
                              dataformats="CHW")
 
     def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
-                          mean: Sequence[float], std: Sequence[float], ignore_index: int, amp: str) -> None:
+                          mean: Sequence[float], std: Sequence[float], amp: str) -> None:
         """A few fixed validation images with ground truth (green) and predictions scoring >= 0.3 (red)."""
         from src.precision import autocast, model_dtype
         from src.tasks.pictures import fixed_sample_indices
@@ -235,15 +199,15 @@ class Detection(Task):
             writer.add_image(f"val/detections_{n}", drawn, global_step=step, dataformats="CHW")
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
-                class_names: list[str], topk: int, batch_count: int, draw: bool = False,
-                score_threshold: float = 0.0) -> Path:
+                class_names: list[str], batch_count: int, options: DetectionPredict) -> Path:
         """out/predictions.json: one row per box scoring at least `score_threshold`; with draw=true also
         out/boxes/<input path>.png, each input with its boxes."""
+        draw, score_threshold = options.draw, options.score_threshold
         rows: list[tuple[int, dict[str, torch.Tensor]]] = []
-        for images, indices in batches:
-            rows += [(int(i), _cpu_prediction(p)) for i, p in zip(indices, forward(images))]
+        for batch in batches:
+            rows += [(int(i), _cpu_prediction(p)) for i, p in zip(batch.indices, forward(batch))]
             if draw:
-                for image, i, (_, p) in zip(images, indices, rows[-len(images):]):
+                for image, i, (_, p) in zip(batch.images, batch.indices, rows[-batch.size:]):
                     keep = p["scores"] >= score_threshold
                     picture = draw_boxes(image, p["boxes"][keep], [f"{class_names[c]} {s:.2f}" for c, s in
                                                                    zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())])

@@ -1,4 +1,4 @@
-"""Joint image + mask transforms for segmentation (torchvision.transforms.v2 with tv_tensors).
+"""Segmentation's joint image + mask transforms (torchvision.transforms.v2 with tv_tensors) and its TaskData.
 
 v2 dispatches on the tv_tensor type: masks are resized with nearest neighbour, colour jitter and
 normalisation leave them alone, and padding fills them with the ignore index.
@@ -12,10 +12,9 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from src.data.config import DataConfig
-from src.data.task_data import TaskData, register_task_data
+from src.data.segmentation.masks import IGNORE_INDEX
+from src.data.task_data import TaskData
 from src.data.transforms import PairTransform, normalize
-
-IGNORE_INDEX = 255
 
 
 class _MaskToLong(v2.Transform):
@@ -61,5 +60,5 @@ def segmentation_predict_transform(cfg: DataConfig) -> v2.Compose:
     return v2.Compose([v2.ToImage(), *normalize(cfg)])
 
 
-register_task_data(TaskData("segmentation", train=segmentation_train_transform, eval=segmentation_eval_transform,
-                            predict=segmentation_predict_transform))
+SEGMENTATION_DATA = TaskData("segmentation", train=segmentation_train_transform, eval=segmentation_eval_transform,
+                             predict=segmentation_predict_transform)
