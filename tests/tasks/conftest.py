@@ -1,11 +1,9 @@
-"""Fixtures of the tasks' tests: a recording TensorBoard writer for their pictures, and the one-thread reference
-forwards they share with the command tests (tests/commands/conftest.py)."""
+"""Fixtures of the tasks' tests: a recording TensorBoard writer for their pictures (the one-thread reference
+forwards they share with the command tests: tests/conftest.py's one_thread)."""
 from __future__ import annotations
 
 import pytest
 import torch
-
-from tests.commands.conftest import one_thread  # noqa: F401
 
 
 class RecordingWriter:
