@@ -26,6 +26,8 @@ from src.config import data_config
 
 CPU = torch.device("cpu")
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -97,12 +99,12 @@ def test_bad_settings_are_refused(folder: Path) -> None:
         build_datasets(cfg, seed=0, device_transforms=False)
 
 
-def _threaded(raw: list[tuple[Any, Any]], bundle: Any, draws: list[float] | None = None) -> list[tuple[torch.Tensor, Any]]:
+def _threaded(raw: list[Any], bundle: Any, draws: list[float] | None = None) -> list[Any]:
     """The batches through prefetch(threaded=True) (the producer thread), drawing from the global RNG between
     batches as a training step's MixUp would (into `draws`)."""
     out = []
-    for batch in prefetch(raw, lambda i, t: move_batch(i, t, device=CPU, dtype=torch.float32,
-                                                       transform=bundle.device_transform), CPU, threaded=True):
+    for batch in prefetch(raw, lambda b: b.to(CPU, torch.float32, transform=bundle.device_transform), CPU,
+                          threaded=True):
         out.append(batch)
         if draws is not None:
             draws.append(float(torch.rand(())))
@@ -133,8 +135,9 @@ def test_the_producer_thread_raises_here_and_stops_with_the_loop(folder: Path) -
     loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=5)
     raw = list(loader)
     bad = torch.frombuffer(bytearray(device_decode.JPEG_MAGIC + b"\xe0 not really a JPEG"), dtype=torch.uint8)
-    images, targets = raw[1]
-    raw[1] = (images._replace(data=[bad] + images.data[1:], paths=["class/broken.jpg"] + images.paths[1:]), targets)
+    images = raw[1].images
+    raw[1] = raw[1]._replace(images=images._replace(data=[bad] + images.data[1:],
+                                                    paths=["class/broken.jpg"] + images.paths[1:]))
     with pytest.raises(OSError, match="cannot read image class/broken.jpg"):
         _threaded(raw, bundle)
     taken = []
@@ -144,7 +147,7 @@ def test_the_producer_thread_raises_here_and_stops_with_the_loop(folder: Path) -
             taken.append(batch)
             yield batch
 
-    gen = prefetch(counted(), lambda i, t: (i, t), CPU, threaded=True)
+    gen = prefetch(counted(), lambda batch: batch, CPU, threaded=True)
     next(gen)
     gen.close()
     assert len(taken) == 2 and not [t for t in threading.enumerate() if t.name.startswith("prefetch")]
@@ -161,12 +164,12 @@ def test_decoding_on_the_gpu_matches_the_cpu_within_a_few_levels(folder: Path) -
     loader = build_train_loader(bundle.train, cfg, rank=0, world_size=1, seed=5)
     set_loader_epoch(loader, 1)
     raw = list(loader) * 6
-    cpu = [images for images, _ in prefetch(raw, lambda i, t: move_batch(
-        i, t, device=CPU, dtype=torch.float32, transform=bundle.device_transform), CPU)]
+    cpu = [batch.images for batch in prefetch(
+        raw, lambda b: b.to(CPU, torch.float32, transform=bundle.device_transform), CPU)]
     got = []
-    for images, _ in prefetch(raw, lambda i, t: move_batch(i, t, device=gpu, dtype=torch.float32,
-                                                           transform=bundle.device_transform), gpu, threaded=True):
-        acc = images
+    for batch in prefetch(raw, lambda b: b.to(gpu, torch.float32, transform=bundle.device_transform), gpu,
+                          threaded=True):
+        acc = batch.images
         for _ in range(200):  # a slow reader on the training stream
             acc = acc * 1.0 + 0.0
         got.append(acc.cpu())

@@ -1,6 +1,7 @@
 """Loaders: augmentation from (seed, epoch, index) only, so batches do not depend on world size or workers."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from src.data import DataConfig, set_loader_epoch

@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.data import DataConfig
+from src.config import data_config
 from src.data.replay import Recorder, leaves, replay
-from src.data.transforms import classification_train_transform
+from src.tasks.classification.transforms import classification_train_transform
+
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
 
 
 def _transform(policy: str):
-    cfg = DataConfig(name="imagefolder", root="unused", image_size=24, resize_size=28, auto_augment=policy,
+    cfg = data_config(name="imagefolder", root="unused", image_size=24, resize_size=28, auto_augment=policy,
                      random_erase=0.5, color_jitter=0.3, device_transforms=True, decode_on_device=True)
     return classification_train_transform(cfg, on_device=True)
 

@@ -31,6 +31,7 @@ from src.engine.evaluation.evaluator import evaluate
 from src.config import data_config
 from src.models import build_model
 from tests.support.coco_files import COLOURS, VARIED_CATEGORIES, VARIED_CLASS_NAMES, varied_coco, write_coco_folder
+from tests.support import process_state
 from tests.support.gloo import run_on_ranks
 
 WORLDS = (1, 2, 3)
@@ -205,11 +206,8 @@ def test_shapes_map_is_cocoeval_on_its_targets(runs: dict, tmp_path: Path) -> No
 
 
 def test_one_process_without_a_group_matches_too(runs: dict, coco_root: Path, tmp_path: Path) -> None:
-    threads = torch.get_num_threads()
-    try:
+    with process_state.restoring("torch intra-op threads", "torch's global RNG"):
         alone = _evaluate_all(0, 1, str(coco_root), str(tmp_path))
-    finally:
-        torch.set_num_threads(threads)
     assert all(_same(alone["metrics"][k], v) for k, v in runs[1][0][0]["metrics"].items())
     assert VARIED_CLASS_NAMES == build_datasets(data_config(name="coco", root=str(coco_root), train_split="train",
                                                            val_split="val"), seed=0).class_names

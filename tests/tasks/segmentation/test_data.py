@@ -17,6 +17,8 @@ from tests.data.test_files import _png
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from tests.support.unreadable import error_of_loading, expected, truncate
 
+pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator
+
 
 def test_the_registry_names_its_datasets() -> None:
     tasks = {"shapes_seg": "segmentation", "voc": "segmentation", "segfolder": "segmentation",
