@@ -144,17 +144,23 @@ def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, 
 
 def test_a_step_over_its_cap_is_killed_and_the_others_still_run(fake_gpu_machine):
     """bench ignores SIGTERM: `timeout -k` kills it 1 s after its 1 s cap; a failing step is reported too; a
-    cap of 0 skips its step."""
+    cap of 0 skips its step; a cap beyond the budget gives a leading step what is left and skips a step run
+    only if time is left."""
     env, out, log = fake_gpu_machine
-    proc = _run(env, out, GPU_CHECK_CAPS="bench=1 sanitizer_racecheck=0", GPU_CHECK_KILL_AFTER_S="1",
+    proc = _run(env, out, GPU_CHECK_CAPS="bench=1 sanitizer_racecheck=0 kernel_tests=9999 bench_loader=9999",
+                GPU_CHECK_KILL_AFTER_S="1",
                 FAKE_SLOW="bench", FAKE_IGNORE_TERM="1", FAKE_FAIL="occupancy kernel_tests")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert [c[0] for c in _calls(log) if c[0] != "sanitizer"] == [s for s in ORDER if s != "sanitizer_racecheck"]
+    assert [c[0] for c in _calls(log) if c[0] != "sanitizer"] == [s for s in ORDER
+                                                                   if s not in ("sanitizer_racecheck", "bench_loader")]
     steps = _steps(out)
     assert steps["bench"]["status"] == "timed out" and steps["bench"]["rc"] == 137 and steps["bench"]["cap_s"] == 1
     assert 1 <= steps["bench"]["seconds"] < 30  # the fake sleeps 60 s: KILL ended it (slack for a loaded machine)
     assert steps["sanitizer_racecheck"]["status"] == "skipped" and "cap 0" in steps["sanitizer_racecheck"]["note"]
     assert steps["occupancy"]["status"] == "failed" and steps["kernel_tests"]["status"] == "failed"
+    assert 10 <= steps["kernel_tests"]["cap_s"] < 420 - 1 - 5  # what was left of the budget
+    assert steps["bench_loader"]["status"] == "skipped" and "no time left for its 9999s cap" in steps["bench_loader"]["note"]
+    assert steps["sanitizer_initcheck"]["status"] == "passed"
     assert steps["slow_tests"]["status"] == "passed"
     report = _report(out)
     assert report["complete"] is True and report["passed"] is False
