@@ -16,7 +16,8 @@
 # - One budget (GPU_CHECK_BUDGET_S, default 420 s) from the start: setup, build and steps. Each step runs
 #   under its cap (GPU_CHECK_CAPS="bench=30 build=200"; 0 skips the step) and never past what is left of the
 #   budget (`timeout -k`: TERM, KILL GPU_CHECK_KILL_AFTER_S later); a step with too little time left is
-#   skipped. A watchdog stops the whole run at the budget however it got there (a hang in the setup, say).
+#   skipped, and so is one of the steps run if time is left whose whole cap no longer fits (cutting it
+#   short would only report it timed out). A watchdog stops the whole run at the budget however it got there (a hang in the setup, say).
 #   Most telling first: a failed, timed-out or skipped step is reported and the rest still run.
 # Writes to OUTDIR, after every step and at the end (an exit trap: also on a signal or without a GPU):
 # report.json (complete, passed, reason, every step's status passed/failed/skipped/timed out, rc, seconds,
@@ -57,6 +58,7 @@ CURRENT_T0=0
 CURRENT_PID=""
 CURRENT_CAP=0
 WATCHDOG=""
+TAIL=0            # 1 for the steps run only if time is left: each runs with its whole cap or not at all
 
 # --- The report: after every step and from the exit trap -------------------------------------------------
 write_report() {  # write_report COMPLETE: report.json and logs.tar.gz in OUTDIR from what WORK holds now
@@ -193,10 +195,9 @@ declare -A CAP=([build]=180 [selfcheck]=45 [occupancy]=20 [exchange_host]=100 [k
 for kv in ${GPU_CHECK_CAPS:-}; do CAP[${kv%%=*}]=${kv#*=}; done
 # row NAME STATUS RC SECONDS CAP NOTE: one line of steps.tsv (gpu_check_report.py reads it).
 row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$WORK/steps.tsv"; }
-skip() {  # skip NAME REASON
+skip() {  # skip NAME REASON (the next step's report, or the final one, carries it: no Python started here)
   row "$1" skipped - 0 0 "$2"
   log "$1: SKIPPED ($2)"
-  write_report 0
 }
 # step NAME CMD...: runs CMD with the smaller of the step's cap and what is left of the budget, under
 # `timeout -k` (TERM at the limit, KILL KILL_AFTER_S later), output in NAME.log, GPU_CHECK_STEP=NAME in its
@@ -206,6 +207,9 @@ step() {
   local want=${CAP[$name]:-60} left=$(( BUDGET_S - $(elapsed) - KILL_AFTER_S - FINISH_S ))
   if [ "$want" -le 0 ] 2>/dev/null; then skip "$name" "cap 0 (GPU_CHECK_CAPS)"; return 0; fi
   if [ "$left" -lt 10 ]; then skip "$name" "no time left in the ${BUDGET_S}s budget"; return 0; fi
+  if [ "$TAIL" = 1 ] && [ "$want" -gt "$left" ]; then
+    skip "$name" "no time left for its ${want}s cap (${left}s of the ${BUDGET_S}s budget were left)"; return 0
+  fi
   local limit=$(( want < left ? want : left )) rc status
   CURRENT=$name CURRENT_T0=$(date +%s) CURRENT_CAP=$limit
   write_report 0  # names the step as running: what remains if the run is killed outright during it
@@ -313,10 +317,11 @@ else
   step selfcheck "$PY" -m src.syncbn.selfcheck --json "$WORK/selfcheck.json"
   # 3. Resident blocks per SM of every kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor, registers).
   step occupancy "$PY" scripts/gpu_occupancy.py "$WORK/occupancy.json"
-  # 4. The host-side cost per training step of BatchNorm, the gather exchange and the SyncBN exchange.
+  # 4. The host-side cost per training step of BatchNorm, the gather exchange and the SyncBN exchange (rank 0
+  #    of a fake 8-rank group: ResNet-50, bf16, channels_last, 32 images per rank, medians over 5 rounds).
   if [ -f scripts/bench_exchange_host.py ]; then
     step exchange_host "$PY" scripts/bench_exchange_host.py --device cuda --world-size 8 --model resnet50 \
-      --dtype bfloat16 --channels-last --batch 32 --json "$WORK/exchange_host.json"
+      --dtype bfloat16 --channels-last --batch 32 --rounds 5 --json "$WORK/exchange_host.json"
   else
     skip exchange_host "script missing"
   fi
@@ -330,7 +335,8 @@ else
   #    process on one GPU: reported partial).
   step train_compare "$PY" scripts/gpu_train_compare.py "$WORK/train_compare" --steps 6 --timeout 45
   # 8. If time is left: the kernel benchmark, the loader with and without decoding on the GPU, the other two
-  #    sanitizer tools, the slower multi-process and compile tests.
+  #    sanitizer tools, the slower multi-process and compile tests; each with its whole cap or not at all.
+  TAIL=1
   step bench "$PY" scripts/bench_syncbn_cuda.py --quick --json "$WORK/bench_syncbn_cuda.json"
   step bench_loader "$PY" scripts/bench_loader.py --device cuda --images 512 --rounds 3 --json "$WORK/bench_loader.json"
   sanitizer_step initcheck

@@ -50,9 +50,11 @@ for name, module in list(sys.modules.items()):
     if not path or not Path(path).is_absolute():  # builtins, namespaces; torch.ops' "_ops.py" names no file
         continue
     path = Path(path).resolve()
-    if repo in path.parents or stdlib in path.parents and "site-packages" not in path.parts:
-        continue
     dist = owner.get(str(path))
+    # The repository's own modules and the standard library; an environment or a bundle inside the checkout
+    # (make test-compat's .venv-compat) holds distributions' files.
+    if dist is None and (repo in path.parents or stdlib in path.parents and "site-packages" not in path.parts):
+        continue
     if dist is None:
         unknown.append(name)
     else:

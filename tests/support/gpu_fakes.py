@@ -41,10 +41,12 @@ site=${PYTHONPATH##*:}
 echo "$GPU_CHECK_STEP|nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-}|$*|PYTHONPATH=$PYTHONPATH|site=$(ls "$site" 2>/dev/null | tr '\n' ' ')" >>"$FAKE_LOG"
 if [ "$GPU_CHECK_STEP" = train_compare ]; then mkdir -p "$2" && echo '{"nproc": 1}' >"$2/train_compare.json"; fi
 if [ "$GPU_CHECK_STEP" = selfcheck ]; then echo '{"passed": true}' >"$4"; fi
+# A step's --json OUT (the benchmarks) gets a JSON naming the step, for the report to attach.
+prev=""; for a in "$@"; do [ "$prev" = --json ] && [ "$GPU_CHECK_STEP" != selfcheck ] && echo "{\"fake\": \"$GPU_CHECK_STEP\"}" >"$a"; prev=$a; done
 for kv in ${FAKE_SECONDS:-}; do [ "${kv%%=*}" = "$GPU_CHECK_STEP" ] && sleep "${kv#*=}"; done
 case " ${FAKE_FAIL:-} " in *" $GPU_CHECK_STEP "*) echo "FAILED tests/x.py::test_fake"; exit 1 ;; esac
 case " ${FAKE_SLOW:-} " in *" $GPU_CHECK_STEP "*)
-  echo $$ >"$FAKE_LOG.slowpid"
+  echo $$ >"$FAKE_LOG.slowpid.tmp" && mv "$FAKE_LOG.slowpid.tmp" "$FAKE_LOG.slowpid"  # whole, once there
   if [ "${FAKE_IGNORE_TERM:-0}" = 1 ]; then trap '' TERM; fi
   exec sleep 60 ;;
 esac
@@ -67,25 +69,6 @@ while [ "$1" != --error-exitcode ]; do shift; done
 shift 2
 exec "$@"
 """
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-
-
-def _wheel(folder: Path) -> Path:
-    """A one-module pure-Python wheel (carried_probe), as make gpu-bundle would leave in .whl."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "carried_probe-1.0-py3-none-any.whl"
-    info = "carried_probe-1.0.dist-info"
-    with zipfile.ZipFile(path, "w") as whl:
-        whl.writestr("carried_probe.py", "VALUE = 1\n")
-        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: carried-probe\nVersion: 1.0\n")
-        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        whl.writestr(f"{info}/RECORD", "")
-    return path
 
 
 def write_executable(path: Path, text: str) -> None:
