@@ -14,11 +14,12 @@ images, --batch per rank, bf16 under autocast for --dtype bfloat16, optionally c
 it times forward + loss + backward (no optimizer step), --steps steps back to back per block, the device
 synchronised only at the block's end, in --rounds rounds whose design order rotates. Reported per design (medians
 over rounds): step ms (the block's wall time / steps), host ms (the time for Python to issue one step, i.e. until
-backward() returns; on a GPU it is below step ms when the host stays ahead of the device), the ratio to bn, the
-host reads of one step (aten._local_scalar_dense and the like, counted in one untimed step) and, on a GPU, the
-device synchronisations of one step (torch.cuda.set_sync_debug_mode("warn"), another untimed step). Prints a
-Markdown table and writes the JSON. Needs only torch, torchvision and src.syncbn (no Hydra); on a GPU the SyncBN CUDA
-extension is built or loaded first (untimed), and the first steps of each design are warm-up.
+backward() returns; on a GPU it is below step ms when the host stays ahead of the device), the ratio to bn (the
+median over rounds of the ratio within each round), the host reads of one step (aten._local_scalar_dense and the
+like, counted in one untimed step) and, on a GPU, the device synchronisations of one step
+(torch.cuda.set_sync_debug_mode("warn"), another untimed step). Prints a Markdown table and writes the JSON.
+Needs only torch, torchvision and src.syncbn (no Hydra); on a GPU the SyncBN CUDA extension is built or loaded
+first (untimed), and the first steps of each design are warm-up.
 """
 from __future__ import annotations
 
@@ -156,8 +157,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                        "host_ms": statistics.median(host_s[design]) * 1e3, "host_reads_per_step": reads[design],
                        "device_syncs_per_step": syncs[design],
                        "step_ms_per_round": [t * 1e3 for t in step_s[design]]}
-    for design in DESIGNS:
-        out[design]["step_vs_bn"] = out[design]["step_ms"] / out["bn"]["step_ms"]
+    for design in DESIGNS:  # each round's own ratio first: the machine's load drifts between rounds, not within one
+        out[design]["step_vs_bn"] = statistics.median(t / b for t, b in zip(step_s[design], step_s["bn"]))
     return out
 
 

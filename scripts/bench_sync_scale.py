@@ -17,8 +17,8 @@ the designs exchange:
 
 Measured (`--worlds`, one torchrun launch of W gloo ranks on loopback per W, one torch thread per rank,
 no model compute: only the collectives of a step, issued with src.syncbn.collectives' functions on
-tensors of the real sizes), per design, in interleaved rounds (gather then all_reduce, then the other
-order, a barrier before each block):
+tensors of the real sizes), per design, in interleaved rounds (the designs' order rotates per round, a
+barrier before each block):
   - collectives per step: src.syncbn.collectives.call_counts over the timed steps
   - bytes per rank per step, measured two ways: (a) the growth of the rank's /proc/self/io wchar, i.e. the
     bytes gloo's TCP transport passed to write syscalls (payload plus gloo's per-message headers; nothing
@@ -34,7 +34,7 @@ order, a barrier before each block):
 
 Projected (printed after the measurement; alone with --project-only): an alpha-beta model of NCCL's ring and
 tree all_reduce and ring all_gather on 8-GPU NVLink nodes joined by 400 Gb/s InfiniBand per GPU
-(`nccl_time_us`; constants and sources at `Fabric`), per-step SyncBN communication of both designs for
+(`nccl_time_us`; constants and sources at `Fabric`), per-step SyncBN communication of every design for
 W = 8 ... 1024. Prints Markdown tables and one JSON line (also written to --out).
 """
 from __future__ import annotations
@@ -230,7 +230,7 @@ def _lo_bytes() -> int:
 
 
 def measure(rank: int, world: int, layers: dict[str, list[int]], rounds: int, steps: int) -> dict[str, Any]:
-    """On each rank of the current default group: time and count both designs' collectives per model.
+    """On each rank of the current default group: time and count every design's collectives per model.
 
     Returns this rank's view; the times are already the slowest rank's per step (same on every rank).
     """

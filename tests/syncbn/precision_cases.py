@@ -1,5 +1,5 @@
 """Per-rank statistics at large |mean| / std, in every layout: the cases and the yardstick, shared by the CPU kernel
-tests (test_kernels.py), the CUDA kernel tests (test_cuda_kernels.py) and scripts/bench_syncbn_precision.py.
+tests (test_kernels.py), the CUDA kernel tests and the precision benchmark script.
 
 The yardstick is PyTorch's own float32 `torch.var_mean` on the very same values (on the CPU it accumulates in
 float64 and rounds once to float32): our variance's relative error against float64 must stay within 10x of
