@@ -67,7 +67,6 @@ def epoch(loader, number: int, move, device: torch.device, threaded: bool) -> tu
         images = sum(len(getattr(batch.images, "data", batch.images)) for batch in counted())
     for batch in (prefetch(counted(), move, device, threaded=threaded) if move is not None else ()):
         images += batch.images.shape[0]
-        images += batch_images.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = sizes[0] if sizes else 0
