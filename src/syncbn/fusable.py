@@ -20,8 +20,8 @@ import torch
 FUSE_ENV = "SYNCTRAIN_SYNCBN_FUSE"
 _CHOICE = os.environ.get(FUSE_ENV, "forward,backward")
 # PyTorch 2.11's Dynamo drops the backward of SyncBatchNormFunction when its forward returns these aten ops'
-# output: the compiled pass then gives zero gradients everywhere upstream (tests/syncbn/test_compile.py under
-# make test-compat). The forward is fused from 2.13 on (2.13 and 2.14 checked; 2.12 not), the backward on all.
+# output: the compiled pass then gives zero gradients everywhere upstream (tests/syncbn/test_compile.py run
+# with torch 2.11). The forward is fused from 2.13 on (2.13 and 2.14 checked; 2.12 not), the backward on all.
 _TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 FUSE_FORWARD = "forward" in _CHOICE and _TORCH >= (2, 13)
 FUSE_BACKWARD = "backward" in _CHOICE
