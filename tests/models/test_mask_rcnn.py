@@ -131,3 +131,19 @@ def test_its_models_are_registered() -> None:
     from src.models import MODELS
 
     assert set(MODELS.names("instance_segmentation")) == {f"maskrcnn_resnet{depth}" for depth in (18, 34, 50)}
+
+
+def test_roi_poolers_read_the_fpn_levels_whatever_the_first_batch() -> None:
+    """torchvision's poolers infer their scales on the first call and keep them; a 40 px image (padded to 64) would
+    make P2's 1/4 a 1/2, and every later result depend on which batch came first."""
+    model = build_model(SMALL, {"name": "bn"}, NUM_CLASSES).eval()
+    fresh = build_model(SMALL, {"name": "bn"}, NUM_CLASSES).eval()
+    fresh.load_state_dict(model.state_dict())
+    image = torch.rand(3, 48, 44)
+    with torch.no_grad():
+        alone = fresh([image])[0]
+        model([torch.rand(3, 40, 40)])
+        after = model([image])[0]
+    for pool in (model.roi_heads.box_roi_pool, model.roi_heads.mask_roi_pool):
+        assert pool.scales == [0.25, 0.125, 0.0625, 0.03125]
+    assert all(torch.equal(alone[k], after[k]) for k in alone)
