@@ -42,7 +42,8 @@ def test_syncbn_mask_rcnn_trains_evaluates_and_predicts(tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
     evaluate.run(_compose("evaluate", [f"ckpt={ckpt}", f"out={out}", "device=cpu"]))
     measured = json.loads(out.read_text())
-    assert {k: measured[k] for k in ("mask_map", "box_map")} == pytest.approx({k: val[k] for k in ("mask_map", "box_map")})
+    keys = ("mask_map", "box_map")
+    assert {k: measured[k] for k in keys} == pytest.approx({k: val[k] for k in keys})
 
     inputs = tmp_path / "inputs"
     (inputs / "sub").mkdir(parents=True)

@@ -68,7 +68,6 @@ def test_rle_round_trip_and_the_ground_truth_of_masks() -> None:
 
 
 def test_pictures(writer) -> None:
-    from src.data.config import DataConfig  # noqa: F401  (the dataset below needs the data layer imported)
     from src.data.datasets.shapes_inst import ShapesInstances
     from src.models import build_model
 
