@@ -28,6 +28,7 @@ from torch import nn
 from src.config import data_config
 from src.engine.evaluation.evaluator import evaluate
 from src.models import build_model
+from tests.support import process_state
 from tests.support.gloo import run_on_ranks
 from tests.support.task_data import build_datasets, build_eval_loader
 
@@ -165,9 +166,6 @@ def test_metrics_are_cocoeval_on_the_targets_and_the_exported_results(runs: dict
 
 
 def test_one_process_without_a_group_matches_too(runs: dict, tmp_path: Path) -> None:
-    threads = torch.get_num_threads()
-    try:
+    with process_state.restoring("torch intra-op threads", "torch's global RNG"):
         alone = _evaluate_all(0, 1, str(tmp_path))
-    finally:
-        torch.set_num_threads(threads)
     assert all(_same(alone["metrics"][k], v) for k, v in runs[1][0][0]["metrics"].items())
