@@ -145,6 +145,11 @@ def third_party_imports() -> dict[str, set[str]]:
             continue
         seen.add(path)
         search = [path.parent, REPO] if "scripts" in path.relative_to(REPO).parts[:1] else [REPO]
+        if path.name == "__init__.py" and "pkgutil.iter_modules(__path__)" in path.read_text():
+            # a package that imports every module in it (the task, dataset and model registries): no import
+            # statement names them, so they are taken as imported
+            todo.extend(f for f in path.parent.glob("*.py") if f != path)
+            todo.extend(f / "__init__.py" for f in path.parent.iterdir() if (f / "__init__.py").is_file())
         for name, top in _imports(path):
             parts = name.split(".")
             local = [f for k in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:k]), search))]

@@ -115,6 +115,7 @@ def _evaluate_and_predict(rank: int, world: int, ckpt: str, images: str, out: st
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("restores_rng")  # its in-process checkpoint seeds torch's global generator
 def test_evaluate_and_predict_write_the_same_bytes_at_1_2_and_3_processes(tmp_path: Path) -> None:
     """The reported case, shrunk: a COCO-format folder of images of nine sizes, an FCOS with BatchNorm from a
     SyncBN checkpoint, batches of 2 (evaluation) and 3 (predict.py) that no world size divides."""
