@@ -125,6 +125,27 @@ def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, labels: list[str], colo
     return draw_bounding_boxes(pixels, boxes.detach().float().cpu(), labels=labels, colors=colour, width=1)
 
 
+def refuse_list_batch_settings(config: Any, task: str, targets: str, dynamic: str) -> None:
+    """Refuse, before any process starts, what a task of torchvision-style detectors (lists of images of their own
+    sizes, the model computing its own losses) cannot do; `targets`/`dynamic` name what its batches carry and
+    what has data-dependent shapes, for the messages."""
+    trainer = config.trainer
+    refused = [
+        (trainer.channels_last, "trainer.channels_last=true",
+         "the images are a list of differently sized tensors that the model batches itself"),
+        (config.data.device_transforms is True, "data.device_transforms=true",
+         f"the training batches are lists of images with {targets} (set data.device_transforms=auto or false)"),
+        (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
+         f"its training-mode forward needs each batch's {targets.removeprefix('their ')}"),
+        (trainer.compile, "trainer.compile=true", f"{dynamic} have data-dependent shapes"),
+        (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
+         "its stages are not known to the trainer"),
+    ]
+    for on, key, why in refused:
+        if on:
+            raise ValueError(f"{key} does not apply to {task}: {why}; remove it")
+
+
 class Detection(Task):
     """Images -> boxes with classes; the model computes its own losses from the targets."""
 
@@ -136,22 +157,7 @@ class Detection(Task):
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""
         super().validate(config)
-        trainer = config.trainer
-        refused = [
-            (trainer.channels_last, "trainer.channels_last=true",
-             "the images are a list of differently sized tensors that the model batches itself"),
-            (config.data.device_transforms is True, "data.device_transforms=true",
-             "the training batches are lists of images with their boxes (set data.device_transforms=auto or false)"),
-            (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
-             "its training-mode forward needs each batch's boxes"),
-            (trainer.compile, "trainer.compile=true",
-             "the detectors' box decoding and NMS have data-dependent shapes"),
-            (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
-             "its stages are not known to the trainer"),
-        ]
-        for on, key, why in refused:
-            if on:
-                raise ValueError(f"{key} does not apply to detection: {why}; remove it")
+        refuse_list_batch_settings(config, self.name, "their boxes", "the detectors' box decoding and NMS")
 
     def forward(self, module: torch.nn.Module, images: Any, targets: Any) -> dict[str, torch.Tensor]:
         """torchvision's training protocol: the model's losses for these images and boxes (lists)."""

@@ -29,7 +29,7 @@ from src.data.samplers import check_each_index_once
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth
-from src.tasks.detection.task import detection_loss, draw_boxes
+from src.tasks.detection.task import detection_loss, draw_boxes, refuse_list_batch_settings
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.instance_segmentation.masks import binarise, encode, instance_truth, mask_results
 from src.tasks.instance_segmentation.options import InstanceSegmentationPredict
@@ -117,22 +117,8 @@ class InstanceSegmentation(Task):
     def validate(self, config: Any) -> None:
         """What the instance-segmentation loop cannot do, refused before any process starts."""
         super().validate(config)
-        trainer = config.trainer
-        refused = [
-            (trainer.channels_last, "trainer.channels_last=true",
-             "the images are a list of differently sized tensors that the model batches itself"),
-            (config.data.device_transforms is True, "data.device_transforms=true",
-             "the training batches are lists of images with their masks (set data.device_transforms=auto or false)"),
-            (trainer.precise_bn_batches > 0, f"trainer.precise_bn_batches={trainer.precise_bn_batches}",
-             "its training-mode forward needs each batch's boxes and masks"),
-            (trainer.compile, "trainer.compile=true",
-             "Mask R-CNN's proposals, NMS and mask pasting have data-dependent shapes"),
-            (trainer.activation_checkpointing, "trainer.activation_checkpointing=true",
-             "its stages are not known to the trainer"),
-        ]
-        for on, key, why in refused:
-            if on:
-                raise ValueError(f"{key} does not apply to instance_segmentation: {why}; remove it")
+        refuse_list_batch_settings(config, self.name, "their boxes and masks",
+                                   "Mask R-CNN's proposals, NMS and mask pasting")
 
     def forward(self, module: torch.nn.Module, images: Any, targets: Any) -> dict[str, torch.Tensor]:
         """torchvision's training protocol: the model's losses for these images, boxes and masks (lists)."""
