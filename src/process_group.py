@@ -8,6 +8,7 @@ bodies (src/commands/) and scripts, before the first collective and after the la
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import time
 import uuid
@@ -18,6 +19,7 @@ import torch.distributed as torch_dist
 
 from src.comm import get_local_rank, is_initialized
 from src.local_gpus import check_processes_fit_gpus
+from src.syncbn.groups import release_groups
 
 
 def launched_distributed() -> bool:
@@ -194,6 +196,12 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def destroy() -> None:
-    """Tear the default group down (safe to call when none exists)."""
+    """Tear every group down (safe to call when none exists), their threads included.
+
+    The groups' threads end when their last reference goes: SyncBN's cached groups are dropped and the
+    garbage collected here, while the interpreter is whole, rather than during its shutdown.
+    """
     if is_initialized():
         torch_dist.destroy_process_group()
+        release_groups()
+        gc.collect()

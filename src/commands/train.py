@@ -85,7 +85,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         if tracker.writer is not None:
             log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
         try:
-            trainer, metrics = _train(config, device, run_dir, tracker)
+            exit_code, metrics = _train(config, device, run_dir, tracker)
         except RuntimeError as err:
             failure = compile_failure(err, config) if config.trainer.compile else None
             if failure is not None:
@@ -98,19 +98,21 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
                 "another rank died, hung or stalled (see its log). If steps or evaluations are legitimately "
                 "that slow, raise trainer.dist_timeout_s. Checkpoints already written are intact."
             ) from err
+        comm.barrier()  # every rank is past its last collective before any of them tears the groups down
         tracker.flush()
-        status = KILLED if trainer.exit_code is not None else FINISHED
+        status = KILLED if exit_code is not None else FINISHED
     finally:
         _close(tracker, status)
         process_group.destroy()
-    if trainer.exit_code is not None:
-        raise SystemExit(trainer.exit_code)
+    if exit_code is not None:
+        raise SystemExit(exit_code)
     return metrics
 
 
 def _train(config: TrainConfig, device: torch.device, run_dir: Path,
-           tracker: Tracker) -> tuple[Trainer, dict[str, float]]:
-    """Build the data and its loaders, then train (_fit); returns the trainer and the last metrics."""
+           tracker: Tracker) -> tuple[Optional[int], dict[str, float]]:
+    """Build the data and its loaders, then train (_fit); returns the exit code a stop asked for and the last
+    metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = config.task
@@ -127,8 +129,12 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
 
 
 def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Tracker, task: Task, data: DataBundle,
-         train_loader: Any, val_loader: Any) -> tuple[Trainer, dict[str, float]]:
-    """Model, TrainState, resume, hooks, the Trainer; train it."""
+         train_loader: Any, val_loader: Any) -> tuple[Optional[int], dict[str, float]]:
+    """Model, TrainState, resume, hooks, the Trainer; train it.
+
+    Returns no model, trainer or state: the process group is torn down next, and a group's threads end
+    with the last reference to it (DDP holds one), while the interpreter is whole, not during its shutdown.
+    """
     settings, world, options = config.trainer, comm.get_world_size(), task.options(config)
     model = _build_model(config, data.num_classes, device)
     check_norm_health(model, "after build", strict=False)  # DDP broadcasts rank 0's weights anyway
@@ -151,7 +157,7 @@ def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Trac
     trainer.train()
     if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
         tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
-    return trainer, state.metrics  # the final evaluation's (training always ends with one)
+    return trainer.exit_code, state.metrics  # the final evaluation's (training always ends with one)
 
 
 def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> torch.nn.Module:

@@ -8,7 +8,7 @@ and the differences from nn.SyncBatchNorm.
 """
 
 from .convert import UnconvertedBatchNormWarning, convert_sync_batchnorm, revert_sync_batchnorm
-from .groups import create_rank_groups, create_stats_group
+from .groups import create_rank_groups, create_stats_group, release_groups
 from .modules import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d
 from .norm_act import SyncBatchNormAct2d
 from .sync_modes import configure_sync, set_optimizer_step
@@ -24,6 +24,7 @@ __all__ = [
     "convert_sync_batchnorm",
     "create_rank_groups",
     "create_stats_group",
+    "release_groups",
     "revert_sync_batchnorm",
     "set_optimizer_step",
 ]

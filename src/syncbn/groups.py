@@ -62,6 +62,17 @@ def create_rank_groups(group_size: int, timeout_s: Optional[float] = None) -> An
     return group
 
 
+def release_groups() -> None:
+    """Forget the groups made here, after `torch.distributed.destroy_process_group()`.
+
+    destroy_process_group shuts the groups down, but a group's gloo threads live until its last Python
+    reference goes. Kept in these caches, the threads would be torn down during interpreter shutdown, when a
+    thread that still needs the interpreter makes the process abort (SIGABRT instead of the run's exit code).
+    """
+    _GROUPS.clear()
+    _STATS.clear()
+
+
 def rank_group(group_size: int) -> Any:
     """This rank's group of `group_size` consecutive ranks, created earlier by `create_rank_groups`."""
     cached = _GROUPS.get(group_size)

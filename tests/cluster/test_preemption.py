@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -91,7 +92,11 @@ def signalling_evaluate(*args, **kwargs):
     return evaluate(*args, **kwargs)
 train.evaluate = signalling_evaluate
 sys.argv[0] = "train.py"
-runpy.run_path("train.py", run_name="__main__")
+try:
+    runpy.run_path("train.py", run_name="__main__")
+finally:  # threads of process groups still alive would be torn down in interpreter shutdown (it can abort there)
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print(f"rank {os.environ['RANK']} exits with {sum('gloo' in n for n in names)} gloo thread(s)", flush=True)
 """
 
 
@@ -108,6 +113,8 @@ def test_signal_during_evaluation_on_one_rank_stops_both_after_it(reference_run:
     rc = job.wait(timeout=600)
     out = job.output()
     assert rc != 0 and out.count(f"exitcode  : {EXIT_PREEMPTED}") == 2, out[-6000:]
+    assert sorted(re.findall(r"rank (\d) exits with 0 gloo thread\(s\)", out)) == ["0", "1"], (
+        f"the process groups' threads outlive train.py's teardown:\n{out[-6000:]}")
 
     # The evaluation under way finished and was logged; the epoch's checkpoint is what was kept.
     vals = read_metrics(run_dir, "val")

@@ -38,9 +38,12 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = TI
 
 
 @pytest.fixture(scope="module")
-def built_extension():
-    """The real extension in the default cache (compiled here only if no test built it yet)."""
-    return extension.load_extension()
+def built_extension() -> None:
+    """The real extension in the default cache, loaded by the JIT loader as a user's process does (compiled
+    only if no test built it yet). In a fresh interpreter: this worker may already hold a module an earlier
+    test loaded from another cache (SYNCTRAIN_EXTENSIONS_DIR), and a process loads the extension once."""
+    out = run_python("from src.syncbn.extension import load_extension; load_extension()")
+    assert out.returncode == 0, out.stderr[-4000:]
 
 
 def test_aot_entry_point_and_jit_loader_reuse_the_build(built_extension, tmp_path: Path):
