@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from src.data import DATASETS, dataset_task
+from src.data import DATASETS, dataset_tasks
 from src.data.config import DataConfig, data_schema
 from src.dataclass_config import Owned, extend, foreign_settings
 from src.local_gpus import check_processes_fit_gpus
@@ -374,12 +374,14 @@ def best_metric_of(cfg: TrainConfig) -> str:
 def _resolve_task(cfg: TrainConfig) -> Task:
     """The registered task of the model, which the dataset must share; ValueError naming both otherwise."""
     name = MODELS.get(cfg.model.name).task
-    data_task = dataset_task(cfg.data.name)
-    if name != data_task:
+    data_tasks = dataset_tasks(cfg.data.name)
+    if name not in data_tasks:
+        models = [m for task in data_tasks for m in MODELS.names(task)]
         raise ValueError(
             f"model.name={cfg.model.name} is a {name} model but data.name={cfg.data.name} is a "
-            f"{data_task} dataset; pick a {name} dataset (data={','.join(DATASETS.names(name)) or 'none registered'}) "
-            f"or a {data_task} model (model={','.join(MODELS.names(data_task)) or 'none registered'})"
+            f"{' and '.join(data_tasks)} dataset; pick a {name} dataset "
+            f"(data={','.join(DATASETS.names(name)) or 'none registered'}) "
+            f"or a {' or '.join(data_tasks)} model (model={','.join(models) or 'none registered'})"
         )
     return get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
 

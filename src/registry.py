@@ -9,6 +9,9 @@ the task checks and the error messages all read the registry, so there are no na
     def build_resnet20(cfg, norm_cfg, num_classes): ...
 
     MODELS.get("resnet20").builder(...)
+
+An entry can serve several tasks (`task=("detection", "instance_segmentation")`, a COCO-format dataset whose
+files hold both boxes and masks): `task` is then its first, `tasks` all of them.
 """
 from __future__ import annotations
 
@@ -20,12 +23,17 @@ Builder = TypeVar("Builder", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered name: its builder, its task and whatever else its family needs to say about it."""
+    """One registered name: its builder, its task(s) and whatever else its family needs to say about it."""
 
     name: str
     builder: Callable[..., Any]
-    task: str
+    task: str  # the first of `tasks`
     info: dict[str, Any] = field(default_factory=dict)
+    tasks: tuple[str, ...] = ()  # every task it serves ((task,) unless registered with several)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            object.__setattr__(self, "tasks", (self.task,))
 
 
 class Registry:
@@ -35,17 +43,20 @@ class Registry:
         self.key = key  # the config key whose values name entries ("data.name"), for messages
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, *, task: str, **info: Any) -> Callable[[Builder], Builder]:
+    def register(self, name: str, *, task: str | tuple[str, ...], **info: Any) -> Callable[[Builder], Builder]:
         """Decorator: register `builder` under `name` for `task`, the name of a task registered in src/tasks/
-        (checked by config validation, which runs after every task has registered)."""
-        if not isinstance(task, str) or not task.isidentifier():
-            raise ValueError(f"{self.key}={name!r}: task must be a task's name, e.g. 'classification', got {task!r}")
+        (checked by config validation, which runs after every task has registered), or a tuple of several."""
+        tasks = task if isinstance(task, tuple) and task else (task,)
+        for one in tasks:
+            if not isinstance(one, str) or not one.isidentifier():
+                raise ValueError(f"{self.key}={name!r}: task must be a task's name, e.g. 'classification', or a "
+                                 f"tuple of them, got {task!r}")
 
         def add(builder: Builder) -> Builder:
             if name in self._entries:
                 raise ValueError(f"{self.key}={name!r} is registered twice "
                                  f"({self._entries[name].builder.__module__} and {builder.__module__})")
-            self._entries[name] = Entry(name, builder, task, dict(info))
+            self._entries[name] = Entry(name, builder, tasks[0], dict(info), tuple(tasks))
             return builder
 
         return add
@@ -58,8 +69,8 @@ class Registry:
             raise ValueError(f"{self.key} must be one of {', '.join(self.names())}; got {name!r}") from None
 
     def names(self, task: str | None = None) -> tuple[str, ...]:
-        """Registered names in registration order, optionally only those of one task."""
-        return tuple(n for n, e in self._entries.items() if task is None or e.task == task)
+        """Registered names in registration order, optionally only those serving one task."""
+        return tuple(n for n, e in self._entries.items() if task is None or task in e.tasks)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

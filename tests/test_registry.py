@@ -34,3 +34,14 @@ def test_duplicate_and_bad_task_are_errors() -> None:
         reg.register("shapes", task="classification")(lambda: None)
     with pytest.raises(ValueError, match="task must be a task's name"):
         reg.register("x", task="not a name")
+    with pytest.raises(ValueError, match="task must be a task's name"):
+        reg.register("x", task=("detection", "not a name"))
+
+
+def test_an_entry_can_serve_several_tasks() -> None:
+    reg = Registry("data.name")
+    reg.register("boxes", task="detection")(lambda: None)
+    reg.register("coco", task=("detection", "instance_segmentation"))(lambda: None)
+    assert reg.get("coco").task == "detection" and reg.get("coco").tasks == ("detection", "instance_segmentation")
+    assert reg.get("boxes").tasks == ("detection",)
+    assert reg.names("detection") == ("boxes", "coco") and reg.names("instance_segmentation") == ("coco",)

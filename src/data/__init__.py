@@ -25,7 +25,7 @@ from src.data.closable_loader import ClosableLoader, close_loaders
 from src.data.config import DataConfig, checked
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
-from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task
+from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task, dataset_tasks
 from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.task_data import TaskData
@@ -33,7 +33,7 @@ from src.data.task_data import TaskData
 __all__ = [
     "Batch", "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler",
     "Splits", "TrainBatchSampler", "build_datasets", "build_eval_loader", "build_train_loader", "close_loaders",
-    "collate_lists", "collate_stacked", "dataset_task", "set_loader_epoch", "TaskData",
+    "collate_lists", "collate_stacked", "dataset_task", "dataset_tasks", "set_loader_epoch", "TaskData",
 ]
 
 
@@ -44,7 +44,7 @@ class DataBundle:
     train: SeededTransformDataset
     val: SeededTransformDataset
     num_classes: int
-    task: str  # the datasets' registered task (src/tasks/)
+    task: str  # the task the datasets were built for (one of their registered tasks, src/tasks/)
     class_names: list[str] = field(default_factory=list)
     # data.device_transforms on: the training batches are uint8 and this finishes them on the device
     # (src/data/device_transforms.py); None: the workers normalise, as the evaluation loaders always do.
@@ -68,9 +68,10 @@ def build_datasets(data_cfg: Any, handling: TaskData, seed: int, device_transfor
                          "(data.device_transforms=auto is on only when training on CUDA): set "
                          "data.device_transforms=true or data.decode_on_device=false")
     entry = dataset_entry(cfg.name)
-    if entry.task != handling.task:
-        raise ValueError(f"data.name={cfg.name} is a {entry.task} dataset, not {handling.task}'s")
-    splits: Splits = entry.builder(cfg)
+    if handling.task not in entry.tasks:
+        raise ValueError(f"data.name={cfg.name} is a {' and '.join(entry.tasks)} dataset, not {handling.task}'s")
+    # A dataset of several tasks reads what this one trains on (src/data/registry.py).
+    splits: Splits = entry.builder(cfg, handling.task) if len(entry.tasks) > 1 else entry.builder(cfg)
     train_tf, eval_tf = handling.train(cfg, device_transforms), handling.eval(cfg)
     same_size = handling.fixed_size or splits.val_same_size
     names = list(splits.class_names)
@@ -86,7 +87,7 @@ def build_datasets(data_cfg: Any, handling: TaskData, seed: int, device_transfor
         val=SeededTransformDataset(splits.val, eval_tf, seed, same_size=same_size,
                                    split=f"validation split {cfg.val_split!r}"),
         num_classes=len(names),
-        task=entry.task,
+        task=handling.task,
         class_names=names,
         device_transform=DeviceTransform.from_config(cfg, decoder) if device_transforms else None,
     )

@@ -5,7 +5,10 @@ Checked (each error names the file and the entries, up to a few of each kind, wi
 - every category has an integer "id" (unique) and a "name"; every image an integer "id" (unique) and a
   "file_name"; every annotation an "image_id" and a "category_id" that the file defines and a "bbox" of
   4 finite numbers [x, y, width, height];
-- every image file exists under the images folder (existence only: a corrupt file fails when it is read).
+- every image file exists under the images folder (existence only: a corrupt file fails when it is read);
+- with `masks` (instance segmentation), every annotation has a "segmentation" as COCO writes them: a list of
+  polygons [x1, y1, x2, y2, ...] (at least 3 points each), or a run-length encoding {"size": [height, width],
+  "counts": ...} (compressed: a string; uncompressed: a list of integers) of the image's size.
 
 Cleaned for training: crowd annotations ("iscrowd": 1, regions of many objects) and boxes of zero or negative
 width or height are dropped (counted); category ids are mapped to contiguous labels 1..K in increasing id order
@@ -127,13 +130,44 @@ def _images(path: Path, entries: list[Any], images_dir: Path) -> None:
                                 f"{shown}; each 'file_name' is relative to that folder")
 
 
-def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
-    """Read, check and clean one split's annotation file (see the module docstring); errors name the entries."""
+def _segmentation_problem(segmentation: Any, image: dict[str, Any]) -> str | None:
+    """Why an annotation's "segmentation" is not one COCO's tools read (None: it is)."""
+    if isinstance(segmentation, list):
+        if not segmentation:
+            return "has an empty 'segmentation' (no polygon)"
+        for polygon in segmentation:
+            if (not isinstance(polygon, list) or len(polygon) < 6 or len(polygon) % 2
+                    or not all(_number(v) for v in polygon)):
+                return ("has a 'segmentation' polygon that is not [x1, y1, x2, y2, ...] with at least 3 points: "
+                        f"{str(polygon)[:60]}")
+        return None
+    if isinstance(segmentation, dict):
+        size, counts = segmentation.get("size"), segmentation.get("counts")
+        if not (isinstance(size, list) and len(size) == 2 and all(_integer(v) and v > 0 for v in size)):
+            return f"has a run-length 'segmentation' whose 'size' is {size!r}, not [height, width]"
+        if not (isinstance(counts, str) or (isinstance(counts, list) and all(_integer(v) and v >= 0 for v in counts))):
+            return "has a run-length 'segmentation' whose 'counts' is neither a string nor a list of integers"
+        expected = [image.get("height"), image.get("width")]
+        if None not in expected and size != expected:
+            return f"has a run-length 'segmentation' of size {size}, but its image is {expected} (height, width)"
+        return None
+    return ("has no 'segmentation' (instance segmentation needs each object's mask: polygons or run-length "
+            "encoding, as COCO's instances files have)" if segmentation is None else
+            f"has a 'segmentation' of type {type(segmentation).__name__}: it must be a list of polygons or a "
+            "run-length encoding")
+
+
+def load_annotations(path: Path, images_dir: Path, masks: bool = False) -> CocoAnnotations:
+    """Read, check and clean one split's annotation file (see the module docstring); errors name the entries.
+
+    `masks`: every annotation must have a valid "segmentation", which the cleaned annotations keep.
+    """
     data = read_json(path)
     categories = _categories(path, data["categories"])
     _images(path, data["images"], images_dir)
     label_of = {cid: k for k, (cid, _) in enumerate(categories, start=1)}
     image_ids = {im["id"] for im in data["images"]}
+    image_of = {im["id"]: im for im in data["images"]}
     known_ids = ", ".join(str(c) for c, _ in categories[:20]) + (", ..." if len(categories) > 20 else "")
     problems: list[str] = []
     kept: list[dict[str, Any]] = []
@@ -151,6 +185,10 @@ def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
         if a.get("category_id") not in label_of:
             problems.append(f"{name} has category_id {a.get('category_id')!r}, which is not in 'categories' "
                             f"(ids {known_ids})")
+        if masks and a.get("image_id") in image_of:
+            problem = _segmentation_problem(a.get("segmentation"), image_of[a["image_id"]])
+            if problem is not None:
+                problems.append(f"{name} {problem}")
         if len(problems) > before:
             continue
         if a.get("iscrowd", 0):
@@ -159,7 +197,8 @@ def load_annotations(path: Path, images_dir: Path) -> CocoAnnotations:
             degenerate += 1
         else:
             kept.append({"id": len(kept) + 1, "image_id": a["image_id"], "category_id": label_of[a["category_id"]],
-                         "bbox": [float(v) for v in bbox], "iscrowd": 0, "area": float(bbox[2] * bbox[3])})
+                         "bbox": [float(v) for v in bbox], "iscrowd": 0, "area": float(bbox[2] * bbox[3]),
+                         **({"segmentation": a["segmentation"]} if masks else {})})
     _raise(path, problems, "annotations")
     images = [{k: im[k] for k in ("id", "file_name", "width", "height") if k in im} for im in data["images"]]
     cleaned = {"images": images, "annotations": kept,

@@ -19,6 +19,10 @@ predict.py, so no other file keeps a list of dataset names:
   `loader`, so `data.decode_on_device` may hand its JPEG files to the device undecoded.
 - `check`: a function(DataConfig) raising ValueError for rules of this dataset alone.
 
+A dataset whose files serve several tasks is registered with a tuple, `task=("detection",
+"instance_segmentation")` (`data=coco`: boxes, and masks when the model needs them), and its builder is
+called as builder(cfg, task), the run's task, so that it reads what that task trains on.
+
 Every module in src/data/datasets/ is imported when src.data is, so a new dataset is one file there
 (plus its conf/data/<name>.yaml) and no other edit.
 """
@@ -55,5 +59,10 @@ def dataset_entry(name: str) -> Entry:
 
 
 def dataset_task(name: str) -> str:
-    """"classification" or "segmentation" for a `data.name`; ValueError naming the valid names otherwise."""
+    """The (first) task of a `data.name`, e.g. "classification"; ValueError naming the valid names otherwise."""
     return dataset_entry(name).task
+
+
+def dataset_tasks(name: str) -> tuple[str, ...]:
+    """Every task a `data.name` serves; ValueError naming the valid names otherwise."""
+    return dataset_entry(name).tasks

@@ -12,6 +12,7 @@ from PIL import Image
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
 from src.tasks.instance_segmentation.masks import decode
+from tests.support.coco_files import varied_coco, with_segmentations, write_coco_folder
 from tests.support.launch import REPO, launch, rows
 
 INST = ["model=maskrcnn_resnet18", "model.head_channels=32", "data=shapes_inst", "data.image_size=48",
@@ -66,6 +67,24 @@ def test_syncbn_mask_rcnn_trains_evaluates_and_predicts(tmp_path: Path) -> None:
         export.run(_compose("export", [f"ckpt={ckpt}", "format=onnx", f"out={tmp_path / 'm.onnx'}"]))
 
 
+@pytest.mark.slow
+def test_mask_rcnn_trains_on_a_coco_folder_with_polygons_and_run_length_masks(tmp_path: Path) -> None:
+    """data=coco serves Mask R-CNN (python train.py, one process): masks read from the files (polygons, compressed
+    and uncompressed RLE, crowds), two training steps, the evaluation on the file's own ground truth."""
+    data = with_segmentations(varied_coco())
+    root = write_coco_folder(tmp_path / "coco", data, data)
+    run_dir = tmp_path / "run"
+    result = launch(0, ["model=maskrcnn_resnet18", "model.head_channels=32", "data=coco", f"data.root={root}",
+                        "data.train_split=train", "data.val_split=val", "data.batch_size=2", "data.eval_batch_size=2",
+                        "data.num_workers=0", "device=cpu", "trainer.num_threads=1", "trainer.progress_bar=false",
+                        "trainer.tensorboard=false", "trainer.max_steps=2", "trainer.log_every=1",
+                        f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert [r["step"] for r in rows(run_dir, "train")] == [1, 2]
+    (val,) = rows(run_dir, "val")
+    assert {"mask_map", "mask_map50", "box_map"} <= set(val) and 0 <= val["mask_map50"] <= 1
+
+
 @pytest.mark.parametrize("override, message", [
     ("trainer.label_smoothing=0.1", "trainer.label_smoothing applies to classification only; this run is "
                                     "instance_segmentation"),
@@ -87,3 +106,12 @@ def test_best_metric_defaults_to_mask_map() -> None:
     config = validate_config(_compose("train", INST))
     assert config.task.name == "instance_segmentation" and best_metric_of(config) == "mask_map"
     assert config.task.higher_is_better("mask_map") and config.task.higher_is_better("ema_box_map")
+
+
+def test_data_coco_serves_detection_and_instance_segmentation_models() -> None:
+    coco = ["data=coco", "data.root=/nowhere", "device=cpu"]  # validation reads no file
+    assert validate_config(_compose("train", ["model=maskrcnn_resnet18", *coco])).task.name == "instance_segmentation"
+    assert validate_config(_compose("train", ["model=fcos_resnet18", *coco])).task.name == "detection"
+    with pytest.raises(ValueError, match=r"data.name=coco is a detection and instance_segmentation dataset; .* or a "
+                                         r"detection or instance_segmentation model \(model=fcos_resnet18,.*maskrcnn_"):
+        validate_config(_compose("train", ["model=resnet20", *coco]))

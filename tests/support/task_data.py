@@ -11,18 +11,20 @@ from src.config import data_config
 from src.tasks import get_task
 
 
-def handling(data_cfg: Any) -> data.TaskData:
-    """The TaskData of the task that data_cfg.name is registered for."""
-    return get_task(data.dataset_task(data_cfg.name if hasattr(data_cfg, "name") else data_cfg["name"])).data
+def handling(data_cfg: Any, task: str | None = None) -> data.TaskData:
+    """The TaskData of `task`, by default the (first) task that data_cfg.name is registered for."""
+    name = data_cfg.name if hasattr(data_cfg, "name") else data_cfg["name"]
+    return get_task(task or data.dataset_task(name)).data
 
 
-def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False) -> data.DataBundle:
-    """src.data.build_datasets with the dataset's task's transforms; a mapping is read with every dataset's and
-    task's options (src.config.data_config) and validated."""
+def build_datasets(data_cfg: Any, seed: int, device_transforms: bool = False,
+                   task: str | None = None) -> data.DataBundle:
+    """src.data.build_datasets with the transforms of `task` (default: the dataset's first); a mapping is read
+    with every dataset's and task's options (src.config.data_config) and validated."""
     if isinstance(data_cfg, dict):
         data_cfg = data_config(**data_cfg)
         data_cfg.validate()
-    return data.build_datasets(data_cfg, handling(data_cfg), seed=seed, device_transforms=device_transforms)
+    return data.build_datasets(data_cfg, handling(data_cfg, task), seed=seed, device_transforms=device_transforms)
 
 
 def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int, seed: int,
@@ -32,6 +34,7 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
                                    collate=handling(data_cfg).collate)
 
 
-def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int) -> DataLoader:
-    """src.data.build_eval_loader with the dataset's task's collation."""
-    return data.build_eval_loader(dataset, data_cfg, rank, world_size, collate=handling(data_cfg).collate)
+def build_eval_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: int,
+                      task: str | None = None) -> DataLoader:
+    """src.data.build_eval_loader with the collation of `task` (default: the dataset's first)."""
+    return data.build_eval_loader(dataset, data_cfg, rank, world_size, collate=handling(data_cfg, task).collate)

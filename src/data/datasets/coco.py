@@ -1,4 +1,5 @@
-"""Detection data in COCO format (`data=coco`): COCO 2017 itself, or your own images with a COCO json.
+"""Detection and instance-segmentation data in COCO format (`data=coco`): COCO 2017 itself, or your own images
+with a COCO json.
 
     <data.root>/
         <data.train_split>/...                          images; each "file_name" is relative to this folder
@@ -12,7 +13,8 @@ entry); crowd annotations and boxes without area are dropped from the training t
 labels 1..K in id order. The validation targets also carry each image's ground truth as the file has it
 (target["coco"], a CocoImageTruth: crowd regions, every box, the annotations' area, the file's ids), which
 COCO's evaluation reads (src/tasks/coco_evaluation.py). Loading goes through torchvision's CocoDetection
-(pycocotools' index) and its transforms-v2 wrapper, which turns the [x, y, w, h] boxes into XYXY BoundingBoxes.
+(pycocotools' index) and its transforms-v2 wrapper, which turns the [x, y, w, h] boxes into XYXY BoundingBoxes
+and, for instance segmentation, each annotation's polygons or run-length encoding into a mask.
 """
 from __future__ import annotations
 
@@ -62,14 +64,17 @@ class _IndexedCoco(datasets.CocoDetection):
 
 
 class CocoDetectionSet(Dataset):
-    """(tv_tensors.Image uint8 [3, H, W], {"boxes": BoundingBoxes XYXY float32 [K, 4], "labels": int64 [K]}).
+    """(tv_tensors.Image uint8 [3, H, W], {"boxes": BoundingBoxes XYXY float32 [K, 4], "labels": int64 [K]}),
+    with `masks` also "masks": tv_tensors.Mask uint8 [K, H, W] (annotations read with masks=True).
 
     Samples are in increasing image id order (`image_ids[i]` is sample i's); boxes are clamped to the image
-    and those left without area dropped. `coco` is the pycocotools index of the cleaned annotations (category
-    ids = labels). With `evaluation`, each target also holds the image's CocoImageTruth under "coco".
+    and those left without area dropped (with their masks). `coco` is the pycocotools index of the cleaned
+    annotations (category ids = labels). With `evaluation`, each target also holds the image's CocoImageTruth
+    under "coco".
     """
 
-    def __init__(self, images_dir: Path, annotations: CocoAnnotations, evaluation: bool = False) -> None:
+    def __init__(self, images_dir: Path, annotations: CocoAnnotations, evaluation: bool = False,
+                 masks: bool = False) -> None:
         # Imported here, as torchvision does, so that the other datasets work without pycocotools.
         from pycocotools.coco import COCO
 
@@ -80,7 +85,9 @@ class CocoDetectionSet(Dataset):
         self.coco = coco
         base = _IndexedCoco(images_dir, coco)
         self.image_ids: list[int] = list(base.ids)
-        self._samples = datasets.wrap_dataset_for_transforms_v2(base, target_keys={"boxes", "labels"})
+        self.masks = masks
+        keys = {"boxes", "labels", "masks"} if masks else {"boxes", "labels"}
+        self._samples = datasets.wrap_dataset_for_transforms_v2(base, target_keys=keys)
         self.truths = image_truths(annotations) if evaluation else None
 
     def __len__(self) -> int:
@@ -97,9 +104,17 @@ class CocoDetectionSet(Dataset):
             labels = target["labels"].to(torch.int64)
             keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
             boxes, labels = boxes[keep], labels[keep]
+            masks = target["masks"][keep] if self.masks else None
         else:
             boxes, labels = torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)
+            masks = torch.zeros(0, h, w, dtype=torch.uint8) if self.masks else None
         target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": labels}
+        if masks is not None:
+            if masks.shape[-2:] != (h, w):  # a run-length encoding of another size, in a file without image sizes
+                raise ValueError(f"coco image id {self.image_ids[index]}: its masks are {tuple(masks.shape[-2:])} "
+                                 f"(height, width) but the image is {(h, w)}: each run-length 'segmentation' must "
+                                 "have its image's size")
+            target["masks"] = tv_tensors.Mask(masks.as_subclass(torch.Tensor).to(torch.uint8))
         if self.truths is not None:
             target[COCO_TRUTH_KEY] = self._truth(self.image_ids[index], w, h)
         return image, target
@@ -112,9 +127,11 @@ class CocoDetectionSet(Dataset):
         return replace(truth, image={"width": width, "height": height, **truth.image})
 
 
-@DATASETS.register("coco", task="detection", varying_sizes=True)
-def build_coco(cfg: DataConfig) -> Splits:
-    """Both splits checked (src/data/coco_annotations.py); the validation split must have the training categories."""
+@DATASETS.register("coco", task=("detection", "instance_segmentation"), varying_sizes=True)
+def build_coco(cfg: DataConfig, task: str = "detection") -> Splits:
+    """Both splits checked (src/data/coco_annotations.py); the validation split must have the training categories.
+    For instance segmentation (`task`), every annotation's mask is read too: the files must have them."""
+    masks = task == "instance_segmentation"
     root = resolve_root(cfg.root)
     loaded: dict[str, tuple[Path, CocoAnnotations]] = {}
     for split in (cfg.train_split, cfg.val_split):
@@ -123,7 +140,7 @@ def build_coco(cfg: DataConfig) -> Splits:
         if not ann_file.is_file():
             raise FileNotFoundError(f"coco annotations of split {split!r} not found: expected the file "
                                     f"{ann_file.resolve()} ({LAYOUT})")
-        loaded[split] = images_dir, load_annotations(ann_file, images_dir)
+        loaded[split] = images_dir, load_annotations(ann_file, images_dir, masks=masks)
     train, val = loaded[cfg.train_split][1], loaded[cfg.val_split][1]
     if val.categories != train.categories:
         raise ValueError(f"{val.path} and {train.path} define different categories ({_describe(val.categories)} vs "
@@ -134,8 +151,9 @@ def build_coco(cfg: DataConfig) -> Splits:
                  split, len(ann.data["images"]), len(ann.data["annotations"]), len(ann.categories),
                  ann.crowd_dropped, ann.degenerate_dropped)
     names = ["background"] + [name for _, name in train.categories]
-    return Splits(CocoDetectionSet(loaded[cfg.train_split][0], train),
-                  CocoDetectionSet(loaded[cfg.val_split][0], val, evaluation=True), names, val_same_size=False)
+    return Splits(CocoDetectionSet(loaded[cfg.train_split][0], train, masks=masks),
+                  CocoDetectionSet(loaded[cfg.val_split][0], val, evaluation=True, masks=masks), names,
+                  val_same_size=False)
 
 
 def _describe(categories: list[tuple[int, str]]) -> str:

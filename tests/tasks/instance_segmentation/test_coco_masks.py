@@ -1,52 +1,30 @@
-"""COCO's mask evaluation on a COCO file's own ground truth: polygons, crowd regions as uncompressed RLE, ids not
-contiguous, images without objects. The task's ground truth (instance_truth of the file's CocoImageTruth, as a
-data=coco evaluation target carries it) and its segm results give pycocotools' COCOeval run directly on the json
-and the results file, within 1e-6."""
+"""data=coco's masks: the training targets hold the masks pycocotools decodes from the file (polygons, compressed
+run-length encodings), a missing or unreadable one is named at build; and COCO's mask evaluation on the file's
+own ground truth (polygons, crowd regions as uncompressed RLE, ids not contiguous, images without objects): the
+task's ground truth (instance_truth of the file's CocoImageTruth, as a data=coco evaluation target carries it)
+and its segm results give pycocotools' COCOeval run directly on the json and the results file, within 1e-6."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from pycocotools import mask as coco_mask
+from torchvision import tv_tensors
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from src.config import data_config
 from src.data.coco_annotations import image_truths, load_annotations
+from src.data.registry import dataset_entry
 from src.tasks.coco_evaluation import coco_metrics, ground_truth
 from src.tasks.instance_segmentation.masks import encode, instance_truth, mask_results
-from tests.support.coco_files import VARIED_CLASS_NAMES, varied_coco, write_coco_split
-
-
-def _with_segmentations(data: dict) -> dict:
-    """varied_coco() with COCO's segmentation of every annotation: an octagon polygon inside each box, and each
-    crowd region as an uncompressed RLE of its box (COCO's form for crowds), its area the RLE's."""
-    sizes = {im["id"]: (im["height"], im["width"]) for im in data["images"]}
-    for a in data["annotations"]:
-        x, y, w, h = a["bbox"]
-        if a["iscrowd"]:
-            height, width = sizes[a["image_id"]]
-            region = np.zeros((height, width), dtype=np.uint8, order="F")
-            region[int(y):int(y + h), int(x):int(x + w)] = 1
-            rle = coco_mask.encode(region)
-            a["segmentation"] = {"size": [height, width], "counts": _uncompressed(region)}
-            a["area"] = float(coco_mask.area(rle))
-        else:
-            cut_x, cut_y = w / 4, h / 4
-            a["segmentation"] = [[x + cut_x, y, x + w - cut_x, y, x + w, y + cut_y, x + w, y + h - cut_y,
-                                  x + w - cut_x, y + h, x + cut_x, y + h, x, y + h - cut_y, x, y + cut_y]]
-    return data
-
-
-def _uncompressed(region: np.ndarray) -> list[int]:
-    """Run lengths of a binary mask in column-major order, starting with zeros (COCO's uncompressed RLE)."""
-    flat = region.flatten(order="F")
-    changes = np.flatnonzero(np.diff(np.concatenate([[0], flat, [1 - flat[-1]]])))
-    return np.diff(np.concatenate([[0], changes])).tolist()
+from tests.support.coco_files import VARIED_CLASS_NAMES, varied_coco, with_segmentations, write_coco_folder, write_coco_split
 
 
 def _predictions(gt: COCO, truth_ids: list[int]) -> dict[int, dict]:
@@ -70,7 +48,7 @@ def _predictions(gt: COCO, truth_ids: list[int]) -> dict[int, dict]:
 
 
 def test_mask_map_is_cocoeval_on_the_original_json(tmp_path: Path) -> None:
-    data = _with_segmentations(varied_coco())
+    data = with_segmentations(varied_coco())
     ann_file = write_coco_split(tmp_path, "val", data)
     truths = image_truths(load_annotations(ann_file, tmp_path / "val"))
     with contextlib.redirect_stdout(io.StringIO()):
@@ -94,3 +72,50 @@ def test_mask_map_is_cocoeval_on_the_original_json(tmp_path: Path) -> None:
     no_crowd = [t.__class__(t.image, tuple(a for a in t.annotations if not a["iscrowd"]), t.category_ids)
                 for t in ordered]
     assert coco_metrics(ground_truth(no_crowd, VARIED_CLASS_NAMES), results, "segm")["map"] < ours["map"] - 0.01
+
+
+def _coco_splits(root: Path, task: str):
+    cfg = data_config(name="coco", root=str(root), train_split="train", val_split="val")
+    cfg.validate()
+    return dataset_entry("coco").builder(cfg, task)
+
+
+def test_data_coco_gives_mask_rcnn_the_files_masks(tmp_path: Path) -> None:
+    """Training targets: per kept object (no crowd, no empty box) the mask pycocotools decodes from its polygons or
+    run-length encoding; the same folder built for detection has no masks."""
+    data = with_segmentations(varied_coco())
+    root = write_coco_folder(tmp_path, data, data)
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(root / "annotations" / "instances_train.json"))
+    splits = _coco_splits(root, "instance_segmentation")
+    forms = set()
+    for i, image_id in enumerate(splits.train.image_ids):
+        image, target = splits.train[i]
+        kept = [a for a in gt.imgToAnns[image_id] if not a["iscrowd"] and a["bbox"][2] > 0 and a["bbox"][3] > 0]
+        forms |= {type(a["segmentation"]).__name__ for a in kept}
+        masks = target["masks"]
+        assert isinstance(masks, tv_tensors.Mask) and masks.dtype == torch.uint8
+        assert tuple(masks.shape) == (len(kept), *image.shape[-2:]) == (len(target["boxes"]), *image.shape[-2:])
+        expected = np.stack([gt.annToMask(a) for a in kept]) if kept else np.zeros((0, *image.shape[-2:]))
+        assert np.array_equal(masks.numpy(), expected), image_id
+        assert set(splits.val[i][1]) == {"boxes", "labels", "masks", "coco"}
+    assert forms == {"list", "dict"}  # polygons and a compressed run-length encoding among the training masks
+    assert "masks" not in _coco_splits(root, "detection").train[0][1]
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda a, im: a.pop("segmentation"), "has no 'segmentation' (instance segmentation needs each object's mask"),
+    (lambda a, im: a.update(segmentation=[[1, 2, 3, 4]]), "has a 'segmentation' polygon that is not [x1, y1, x2, y2, ...] with at least 3"),
+    (lambda a, im: a.update(segmentation={"size": [im["height"] + 1, im["width"]], "counts": "abc"}),
+     "has a run-length 'segmentation' of size [73, 48], but its image is [72, 48]"),
+    (lambda a, im: a.update(segmentation={"counts": "abc"}), "has a run-length 'segmentation' whose 'size' is None, not [height, width]"),
+])
+def test_a_missing_or_unreadable_mask_is_named_at_build(tmp_path: Path, spoil, message: str) -> None:
+    data = with_segmentations(varied_coco())
+    spoilt = copy.deepcopy(data)
+    annotation = spoilt["annotations"][3]
+    spoil(annotation, next(im for im in spoilt["images"] if im["id"] == annotation["image_id"]))
+    root = write_coco_folder(tmp_path, spoilt, data)
+    with pytest.raises(ValueError, match=re.escape(f"annotations[3] (id {annotation['id']}) {message}")):
+        _coco_splits(root, "instance_segmentation")
+    _coco_splits(root, "detection")  # boxes are all detection reads

@@ -6,7 +6,9 @@ of 2 (shards and batches that no world size divides; Mask R-CNN pads each batch 
   (untrained, every instance kept) shows padding and thread count would change its outputs, and the ranks start
   with 1 or 2 CPU threads, as torchrun's defaults would differ;
 - `mask_map`, `mask_map50` and `box_map` are pycocotools' COCOeval run directly on a ground-truth json written
-  here from the dataset's targets (pycocotools' own RLE of each mask) and the exported results, within 1e-6.
+  here from the dataset's targets (pycocotools' own RLE of each mask) and the exported results, within 1e-6;
+- with `data=coco` (a COCO-format tree of nine sizes with polygons, run-length encodings, crowd regions, ids not
+  contiguous and images without objects), they are COCOeval run directly on the original json.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from src.config import data_config
 from src.engine.evaluation.evaluator import evaluate
 from src.models import build_model
 from tests.support import process_state
+from tests.support.coco_files import varied_coco, with_segmentations, write_coco_folder
 from tests.support.gloo import run_on_ranks
 from tests.support.task_data import build_datasets, build_eval_loader
 
@@ -79,26 +82,37 @@ def tiny_mask_rcnn(num_classes: int) -> nn.Module:
     return model.eval()
 
 
-def _evaluate_all(rank: int, world: int, out: str) -> dict[str, Any]:
-    """Both models on shapes_inst, with exports under out/<run>; runs on each rank."""
+def _evaluate_all(rank: int, world: int, out: str, coco_root: str) -> dict[str, Any]:
+    """Both models on shapes_inst and the stand-in on the COCO tree, with exports under out/<run>; runs on each
+    rank."""
     torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
-    cfg = data_config(**SHAPES)
-    bundle = build_datasets(cfg, seed=0)
+    shapes = data_config(**SHAPES)
+    coco = data_config(name="coco", root=coco_root, train_split="train", val_split="val", eval_batch_size=2)
+    runs = {"remembered": (shapes, RememberedInstances), "maskrcnn": (shapes, lambda val: tiny_mask_rcnn(4)),
+            "coco": (coco, RememberedInstances)}
     metrics = {}
-    for name, model in (("remembered", RememberedInstances(bundle.val)), ("maskrcnn", tiny_mask_rcnn(4))):
-        metrics[name] = evaluate(model, build_eval_loader(bundle.val, cfg, rank, world), "instance_segmentation",
-                                 bundle.num_classes, "cpu", export=Path(out) / name, class_names=bundle.class_names,
-                                 threads=1)
+    for name, (cfg, make_model) in runs.items():
+        bundle = build_datasets(cfg, seed=0, task="instance_segmentation")
+        loader = build_eval_loader(bundle.val, cfg, rank, world, task="instance_segmentation")
+        metrics[name] = evaluate(make_model(bundle.val), loader, "instance_segmentation", bundle.num_classes, "cpu",
+                                 export=Path(out) / name, class_names=bundle.class_names, threads=1)
     return {"metrics": metrics, "threads_after": torch.get_num_threads()}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[dict], Path]]:
+def coco_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The varied COCO-format folder with masks in each of COCO's forms (the same json for both splits)."""
+    data = with_segmentations(varied_coco())
+    return write_coco_folder(tmp_path_factory.mktemp("varied_coco"), data, data)
+
+
+@pytest.fixture(scope="module")
+def runs(coco_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[dict], Path]]:
     """world size -> (every rank's results, the export folder)."""
     done = {}
     for world in WORLDS:
         out = tmp_path_factory.mktemp(f"world{world}")
-        done[world] = run_on_ranks(world, _evaluate_all, str(out)), out
+        done[world] = run_on_ranks(world, _evaluate_all, str(out), str(coco_root)), out
     return done
 
 
@@ -165,7 +179,21 @@ def test_metrics_are_cocoeval_on_the_targets_and_the_exported_results(runs: dict
     assert {"class", "score", "x1", "y1", "x2", "y2", "segmentation"} <= set(rows[0])
 
 
-def test_one_process_without_a_group_matches_too(runs: dict, tmp_path: Path) -> None:
+def test_coco_masks_are_cocoeval_on_the_original_json_at_every_world_size(runs: dict, coco_root: Path) -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(coco_root / "annotations" / "instances_val.json"))
+    for world, (results, out) in runs.items():
+        rows = json.loads((out / "coco" / "coco_segm_results.json").read_text())
+        assert {r["image_id"] for r in rows} == set(gt.getImgIds()) and {r["category_id"] for r in rows} <= {3, 7, 12}
+        mask_map, mask_map50 = _cocoeval(gt, out / "coco" / "coco_segm_results.json", "segm")
+        box_map = _cocoeval(gt, out / "coco" / "coco_results.json", "bbox")[0]
+        direct = {"mask_map": mask_map, "mask_map50": mask_map50, "box_map": box_map}
+        assert results[0]["metrics"]["coco"] == pytest.approx(direct, abs=1e-6), (world, direct)
+    coco = runs[1][0][0]["metrics"]["coco"]
+    assert 0.2 < coco["mask_map"] < coco["mask_map50"] < 1  # a metric that can tell a wrong ground truth
+
+
+def test_one_process_without_a_group_matches_too(runs: dict, coco_root: Path, tmp_path: Path) -> None:
     with process_state.restoring("torch intra-op threads", "torch's global RNG"):
-        alone = _evaluate_all(0, 1, str(tmp_path))
+        alone = _evaluate_all(0, 1, str(tmp_path), str(coco_root))
     assert all(_same(alone["metrics"][k], v) for k, v in runs[1][0][0]["metrics"].items())
