@@ -33,7 +33,9 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.retinanet import RetinaNetHead
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import ExtraFPNBlock, LastLevelMaxPool, LastLevelP6P7
+from torchvision.ops.poolers import initLevelMapper
 
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory
@@ -45,6 +47,7 @@ BACKBONES = ("resnet18", "resnet34", "resnet50")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 HEAD_GROUPS = 32  # the FCOS / RetinaNet heads' GroupNorm groups (torchvision's)
+ROI_FPN_LEVELS = (2, 5)  # the R-CNN RoI poolers read P2 (stride 4) .. P5 (stride 32)
 # The backbone ResNet's state_dict lives here (model.backbone_weights are loaded into it; `fc.*` is ignored).
 BACKBONE_ATTR = "backbone.body"
 
@@ -161,6 +164,18 @@ def build_retinanet(backbone: str, num_classes: int, norm_layer: NormLayer, chan
     return model
 
 
+def fix_pyramid_scales(pool: MultiScaleRoIAlign) -> None:
+    """Give torchvision's RoI pooler the FPN's true scales, 1/4 .. 1/32 on P2-P5, instead of those it infers on its
+    first call and keeps: it rounds log2(feature size / largest image size of that batch) to an integer, and on small
+    images the padding to a multiple of 32 moves that ratio across a rounding boundary (a 40 px image is padded to 64,
+    P2 is 16 px: 16 / 40 rounds to 1/2, not 1/4). Every later batch, in training and in evaluation, would then pool
+    from the wrong places, and which batch came first would change the results."""
+    levels = range(ROI_FPN_LEVELS[0], ROI_FPN_LEVELS[1] + 1)
+    pool.scales = [2.0 ** -k for k in levels]
+    pool.map_levels = initLevelMapper(ROI_FPN_LEVELS[0], ROI_FPN_LEVELS[1], pool.canonical_scale,
+                                      pool.canonical_level)
+
+
 def build_fasterrcnn(backbone: str, num_classes: int, norm_layer: NormLayer, channels: int = 256,
                      image_size: Optional[int] = None, zero_init_residual: bool = False) -> FasterRCNN:
     """Faster R-CNN (Ren et al. 2015) with an FPN on P2-P6 as torchvision's fasterrcnn_resnet50_fpn, with
@@ -172,6 +187,7 @@ def build_fasterrcnn(backbone: str, num_classes: int, norm_layer: NormLayer, cha
     model = FasterRCNNDetector(body, num_classes, rpn_anchor_generator=anchors, box_batch_size_per_image=128)
     model.num_object_classes = num_classes - 1
     model.transform = DetectionTransform(image_size)
+    fix_pyramid_scales(model.roi_heads.box_roi_pool)
     return model
 
 

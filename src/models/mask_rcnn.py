@@ -22,18 +22,15 @@ from torchvision.models.detection import MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
-from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
-from torchvision.ops.poolers import initLevelMapper
 
 from src.models.config import ModelConfig, NormConfig
 from src.models.detection import (BACKBONE_ATTR, BACKBONES, DetectionTransform, DetectorOptions, Target, check_labels,
-                                  resnet_fpn)
+                                  fix_pyramid_scales, resnet_fpn)
 from src.models.norms import NormLayer, norm_layer_factory
 from src.models.registry import MODELS
 
 MASK_HEAD_LAYERS = 4  # the mask head's 3x3 convs (Mask R-CNN's FPN head)
-FPN_LEVELS = (2, 5)  # the RoI poolers read P2 (stride 4) .. P5 (stride 32)
 BOX_REPRESENTATION = 1024  # the box head's two fully connected layers' width (torchvision's TwoMLPHead)
 
 
@@ -70,17 +67,6 @@ def build_mask_rcnn(backbone: str, num_classes: int, norm_layer: NormLayer, chan
     for pool in (model.roi_heads.box_roi_pool, model.roi_heads.mask_roi_pool):
         fix_pyramid_scales(pool)
     return model
-
-
-def fix_pyramid_scales(pool: MultiScaleRoIAlign) -> None:
-    """Give torchvision's RoI pooler the FPN's true scales, 1/4 .. 1/32 on P2-P5, instead of those it infers on its
-    first call and keeps: it rounds log2(feature size / largest image size of that batch) to an integer, and on small
-    images the padding to a multiple of 32 moves that ratio across a rounding boundary (a 40 px image is padded to 64,
-    P2 is 16 px: 16 / 40 rounds to 1/2, not 1/4). Every later batch, in training and in evaluation, would then pool
-    from the wrong places, and which batch came first would change the results."""
-    levels = range(FPN_LEVELS[0], FPN_LEVELS[1] + 1)
-    pool.scales = [2.0 ** -k for k in levels]
-    pool.map_levels = initLevelMapper(FPN_LEVELS[0], FPN_LEVELS[1], pool.canonical_scale, pool.canonical_level)
 
 
 def _builder(backbone: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:

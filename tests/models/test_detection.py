@@ -187,3 +187,21 @@ def test_its_models_are_registered() -> None:
 
     assert set(MODELS.names("detection")) == {f"{family}_resnet{depth}" for family in FAMILIES
                                               for depth in (18, 34, 50)}
+
+
+def test_faster_rcnn_roi_pooler_reads_the_fpn_levels_whatever_the_first_batch() -> None:
+    """torchvision's pooler infers its scales on the first call and keeps them; a 40 px image (padded to 64) would
+    make P2's 1/4 a 1/2, and every later result depend on which batch came first."""
+    cfg = {"name": "fasterrcnn_resnet18", "head_channels": 32}
+    torch.manual_seed(0)
+    model = build_model(cfg, {"name": "bn"}, 3).eval()
+    fresh = build_model(cfg, {"name": "bn"}, 3).eval()
+    fresh.load_state_dict(model.state_dict())
+    model.roi_heads.score_thresh = fresh.roi_heads.score_thresh = 0.0  # every box kept: outputs to compare
+    image = torch.rand(3, 48, 44)
+    with torch.no_grad():
+        alone = fresh([image])[0]
+        model([torch.rand(3, 40, 40)])
+        after = model([image])[0]
+    assert model.roi_heads.box_roi_pool.scales == [0.25, 0.125, 0.0625, 0.03125]
+    assert len(alone["boxes"]) > 0 and all(torch.equal(alone[k], after[k]) for k in alone)
