@@ -41,7 +41,7 @@ def test_duplicate_and_bad_task_are_errors() -> None:
 def test_an_entry_can_serve_several_tasks() -> None:
     reg = Registry("data.name")
     reg.register("boxes", task="detection")(lambda: None)
-    reg.register("coco", task=("detection", "instance_segmentation"))(lambda: None)
-    assert reg.get("coco").task == "detection" and reg.get("coco").tasks == ("detection", "instance_segmentation")
+    reg.register("both", task=("detection", "instance_segmentation"))(lambda: None)
+    assert reg.get("both").task == "detection" and reg.get("both").tasks == ("detection", "instance_segmentation")
     assert reg.get("boxes").tasks == ("detection",)
-    assert reg.names("detection") == ("boxes", "coco") and reg.names("instance_segmentation") == ("coco",)
+    assert reg.names("detection") == ("boxes", "both") and reg.names("instance_segmentation") == ("both",)
