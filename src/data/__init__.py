@@ -71,7 +71,7 @@ def build_datasets(data_cfg: Any, handling: TaskData, seed: int, device_transfor
     if handling.task not in entry.tasks:
         raise ValueError(f"data.name={cfg.name} is a {' and '.join(entry.tasks)} dataset, not {handling.task}'s")
     # A dataset of several tasks reads what this one trains on (src/data/registry.py).
-    splits: Splits = entry.builder(cfg, handling.task) if len(entry.tasks) > 1 else entry.builder(cfg)
+    splits: Splits = entry.builder(cfg, handling) if len(entry.tasks) > 1 else entry.builder(cfg)
     train_tf, eval_tf = handling.train(cfg, device_transforms), handling.eval(cfg)
     same_size = handling.fixed_size or splits.val_same_size
     names = list(splits.class_names)

@@ -20,8 +20,9 @@ predict.py, so no other file keeps a list of dataset names:
 - `check`: a function(DataConfig) raising ValueError for rules of this dataset alone.
 
 A dataset whose files serve several tasks is registered with a tuple, e.g. `task=("detection",
-"instance_segmentation")` for files with boxes and masks, and its builder is called as builder(cfg, task),
-with the run's task, so that it reads what that task trains on (masks only when the model needs them).
+"instance_segmentation")` for files with boxes and masks, and its builder is called as builder(cfg, handling),
+with the run's task's TaskData, whose `target_keys` say what that task trains on (e.g. {"masks"}): the dataset
+reads masks only when the model needs them.
 
 Every module in src/data/datasets/ is imported when src.data is, so a new dataset is one file there
 (plus its conf/data/<name>.yaml) and no other edit.

@@ -27,3 +27,6 @@ class TaskData:
     # predict.py (whose targets are None): None = stacked (collate_stacked; evaluation of images of several sizes
     # then goes one image per batch); a task whose samples do not stack gives its own, e.g. collate_lists.
     collate: Optional[Callable[[list], Any]] = None
+    # The target entries the task trains on beyond a dataset's usual ones, e.g. {"masks"}: a dataset whose files
+    # serve several tasks (registered with a tuple of tasks) reads them only for a task that asks.
+    target_keys: frozenset = frozenset()

@@ -23,7 +23,7 @@ import io
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from PIL import Image
@@ -36,6 +36,7 @@ from src.data.config import DataConfig
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import load_rgb
 from src.data.registry import DATASETS, Splits
+from src.data.task_data import TaskData
 from src.data.transforms import to_image
 
 log = logging.getLogger(__name__)
@@ -128,10 +129,11 @@ class CocoDetectionSet(Dataset):
 
 
 @DATASETS.register("coco", task=("detection", "instance_segmentation"), varying_sizes=True)
-def build_coco(cfg: DataConfig, task: str = "detection") -> Splits:
+def build_coco(cfg: DataConfig, handling: Optional[TaskData] = None) -> Splits:
     """Both splits checked (src/data/coco_annotations.py); the validation split must have the training categories.
-    For instance segmentation (`task`), every annotation's mask is read too: the files must have them."""
-    masks = task == "instance_segmentation"
+    For a task whose targets have "masks" (`handling.target_keys`: instance segmentation), every annotation's mask
+    is read too: the files must have them."""
+    masks = handling is not None and "masks" in handling.target_keys
     root = resolve_root(cfg.root)
     loaded: dict[str, tuple[Path, CocoAnnotations]] = {}
     for split in (cfg.train_split, cfg.val_split):

@@ -11,4 +11,5 @@ from src.tasks.detection.transforms import (detection_eval_transform, detection_
 
 INSTANCE_SEGMENTATION_DATA = TaskData(
     "instance_segmentation", train=detection_train_transform, eval=detection_eval_transform,
-    predict=detection_predict_transform, device_transforms=False, collate=collate_lists)
+    predict=detection_predict_transform, device_transforms=False, collate=collate_lists,
+    target_keys=frozenset({"masks"}))  # data=coco reads each annotation's mask only when asked

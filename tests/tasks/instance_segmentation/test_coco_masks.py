@@ -22,6 +22,7 @@ from pycocotools.cocoeval import COCOeval
 from src.config import data_config
 from src.data.coco_annotations import image_truths, load_annotations
 from src.data.registry import dataset_entry
+from src.tasks import get_task
 from src.tasks.coco_evaluation import coco_metrics, ground_truth
 from src.tasks.instance_segmentation.masks import encode, instance_truth, mask_results
 from tests.support.coco_files import VARIED_CLASS_NAMES, varied_coco, with_segmentations, write_coco_folder, write_coco_split
@@ -77,7 +78,7 @@ def test_mask_map_is_cocoeval_on_the_original_json(tmp_path: Path) -> None:
 def _coco_splits(root: Path, task: str):
     cfg = data_config(name="coco", root=str(root), train_split="train", val_split="val")
     cfg.validate()
-    return dataset_entry("coco").builder(cfg, task)
+    return dataset_entry("coco").builder(cfg, get_task(task).data)
 
 
 def test_data_coco_gives_mask_rcnn_the_files_masks(tmp_path: Path) -> None:
