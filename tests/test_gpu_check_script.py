@@ -158,7 +158,7 @@ def test_a_step_over_its_cap_is_killed_and_the_others_still_run(fake_gpu_machine
     assert 1 <= steps["bench"]["seconds"] < 30  # the fake sleeps 60 s: KILL ended it (slack for a loaded machine)
     assert steps["sanitizer_racecheck"]["status"] == "skipped" and "cap 0" in steps["sanitizer_racecheck"]["note"]
     assert steps["occupancy"]["status"] == "failed" and steps["kernel_tests"]["status"] == "failed"
-    assert 10 <= steps["kernel_tests"]["cap_s"] < 420 - 1 - 5  # what was left of the budget
+    assert 10 <= steps["kernel_tests"]["cap_s"] <= 420 - 1 - 5  # what was left of the budget (whole seconds: bench took >= 1)
     assert steps["bench_loader"]["status"] == "skipped" and "no time left for its 9999s cap" in steps["bench_loader"]["note"]
     assert steps["sanitizer_initcheck"]["status"] == "passed"
     assert steps["slow_tests"]["status"] == "passed"
