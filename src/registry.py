@@ -27,13 +27,13 @@ class Entry:
 
     name: str
     builder: Callable[..., Any]
-    task: str  # the first of `tasks`
+    tasks: tuple[str, ...]  # every task it serves: one, unless registered with several
     info: dict[str, Any] = field(default_factory=dict)
-    tasks: tuple[str, ...] = ()  # every task it serves ((task,) unless registered with several)
 
-    def __post_init__(self) -> None:
-        if not self.tasks:
-            object.__setattr__(self, "tasks", (self.task,))
+    @property
+    def task(self) -> str:
+        """Its task (the first, for an entry of several)."""
+        return self.tasks[0]
 
 
 class Registry:
@@ -56,7 +56,7 @@ class Registry:
             if name in self._entries:
                 raise ValueError(f"{self.key}={name!r} is registered twice "
                                  f"({self._entries[name].builder.__module__} and {builder.__module__})")
-            self._entries[name] = Entry(name, builder, tasks[0], dict(info), tuple(tasks))
+            self._entries[name] = Entry(name, builder, tuple(tasks), dict(info))
             return builder
 
         return add

@@ -29,4 +29,4 @@ class TaskData:
     collate: Optional[Callable[[list], Any]] = None
     # The target entries the task trains on beyond a dataset's usual ones, e.g. {"masks"}: a dataset whose files
     # serve several tasks (registered with a tuple of tasks) reads them only for a task that asks.
-    target_keys: frozenset = frozenset()
+    target_keys: frozenset[str] = frozenset()
