@@ -32,6 +32,7 @@ from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
 from src.commands.run_dir import resolve_run_dir, resume_checkpoint
+from src.commands.run_summary import print_run_summary
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
 from src.engine.checkpoint.state import TrainState, read_checkpoint
@@ -107,6 +108,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         process_group.destroy()
     if exit_code is not None:
         raise SystemExit(exit_code)
+    print_run_summary(run_dir, config.task, best_metric_of(config))  # rank 0: the best checkpoint, the next commands
     return metrics
 
 

@@ -27,6 +27,7 @@ import traceback
 from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 from src.errors import USER_ERROR_EXIT_CODE, UserError
+from src.logger import write_to_log_files
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,8 +37,6 @@ FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks; "
 RANK0_WAIT_S = 10.0
 _STORE_CONNECT_S = 5.0
 _KEY_PREFIX = "synctrain/user_error"
-
-log = logging.getLogger(__name__)
 
 
 def reported(main: F) -> F:
@@ -50,7 +49,7 @@ def reported(main: F) -> F:
         except UserError as err:
             exit_on_user_error(err)
         except Exception:
-            _write_to_log_files("the command failed with a program error", exc_info=sys.exc_info())
+            write_to_log_files("the command failed with a program error", logging.ERROR, sys.exc_info())
             raise
 
     @functools.wraps(main)
@@ -73,7 +72,7 @@ def exit_on_user_error(err: UserError, *, same_on_every_rank: bool = False) -> N
     """
     full = os.environ.get(FULL_ERROR_ENV) == "1"
     text = "".join(traceback.format_exception(err)).rstrip() if full else f"error: {err}"
-    _write_to_log_files(str(err), exc_info=(type(err), err, err.__traceback__) if full else None)
+    write_to_log_files(str(err), logging.ERROR, (type(err), err, err.__traceback__) if full else None)
     rank = _rank()
     if rank == 0:
         print(text, file=sys.stderr, flush=True)
@@ -90,17 +89,6 @@ def _rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
-
-
-def _write_to_log_files(message: str, exc_info: Any = None) -> None:
-    """Append `message` (with a traceback for exc_info) to the log files of src/logger.py, not to the console."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, exc_info)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            try:
-                handler.handle(record)  # the handler's own filters add the rank its format names
-            except Exception:  # noqa: BLE001 - the message on stderr matters more than its copy in a file
-                pass
 
 
 def _store_key(rank: int) -> str:
