@@ -63,6 +63,8 @@ from types import ModuleType
 
 import torch
 
+from src.errors import UserError
+
 from . import toolkit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +89,11 @@ _LAST_BUILD: dict[str, object] = {}
 
 class ExtensionBuildError(RuntimeError):
     """The SyncBN extension could not be built (missing tool or compile error)."""
+
+
+class MissingBuildTool(ExtensionBuildError, UserError):
+    """A tool the build needs is not installed (ninja, a C++ compiler, the Python headers, the CUDA toolkit): the
+    user's to install, so one message without a traceback (src/errors.py), still an ExtensionBuildError."""
 
 
 @dataclass(frozen=True)
@@ -327,29 +334,29 @@ def python_include_dir() -> Path:
 
 
 def check_build_tools(spec: BuildSpec) -> None:
-    """Raise ExtensionBuildError naming the missing tool and how to install it."""
+    """Raise MissingBuildTool naming the missing tool and how to install it."""
     if toolkit.environment_tool("ninja") is None:
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs ninja, which is neither in this Python environment "
             f"({sysconfig.get_path('scripts')}) nor on PATH. Install it into this environment: "
             f"`{sys.executable} -m pip install ninja` (requirements.txt lists it; `make setup` installs it).")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs a C++ compiler, but {cxx!r} (from $CXX, default "
             "'c++') is not on PATH. Install one, e.g. `apt-get install g++` (Debian/Ubuntu) or "
             "`dnf install gcc-c++`, or point CXX at an existing compiler.")
     include = python_include_dir()
     if not (include / "Python.h").is_file():  # else a bare "Python.h: No such file" deep in the compile log
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs the Python {version} headers (Python.h, for its Python "
             f"module), but {include} has no Python.h. Install them: `apt-get install python{version}-dev` "
             f"(Debian/Ubuntu; python3-dev when python3 is {version}) or `dnf install python3-devel`.")
     if spec.with_cuda:
         search = toolkit.find_cuda_toolkit()
         if search.toolkit is None:
-            raise ExtensionBuildError(f"Building {spec.name}: {toolkit.missing_toolkit_message(search)}")
+            raise MissingBuildTool(f"Building {spec.name}: {toolkit.missing_toolkit_message(search)}")
 
 
 def _import_library(spec: BuildSpec) -> ModuleType:
