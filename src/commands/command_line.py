@@ -77,7 +77,7 @@ def find_mistake(config_name: str, schema_module: Optional[str], argv: list[str]
                             "(Hydra's multirun), or quote a value that contains a comma")
     for override in mine:  # group options first: conf/ alone answers them, before torch is imported
         if config.is_group(override.key_or_group):
-            _check_options(override, config, script)
+            _check_options(override, config)
     for override in mine:  # a renamed group's message beats "no such key" for whichever key comes first
         top = override.key_or_group.split(".")[0]
         if not config.is_group(top) and top not in config.primary:
@@ -136,7 +136,7 @@ class _Config:
             return None
 
 
-def _check_options(override: Any, config: _Config, script: str) -> None:
+def _check_options(override: Any, config: _Config) -> None:
     """Every option an override selects (a value, a list, or each value of a sweep) must be a file of the group."""
     group = override.key_or_group
     if override.is_delete():
@@ -207,7 +207,8 @@ def _unknown_key_message(override: Any, parts: list[str], depth: int, node: Any,
         return (f"{override.input_line}: {owner} has no entry {missing!r} yet{hint}; add one with a leading +: "
                 f"+{override.input_line.lstrip('~')}")
     what = "key" if depth else "setting or config group"
-    return f"{override.input_line}: {owner} has no {what} {missing!r}{hint} (`python {script} --cfg job` prints every key)"
+    return (f"{override.input_line}: {owner} has no {what} {missing!r}{hint} (`python {script} --cfg job` prints "
+            "every key)")
 
 
 def _key_paths(node: Any, prefix: str = "") -> list[str]:

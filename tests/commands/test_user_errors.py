@@ -39,19 +39,21 @@ TIMEOUT_S = 300
 def _mistakes(ckpt: str) -> list[tuple[str, list[str], str]]:
     """(script, its arguments, what the one line says) for each kind of mistake that ends before a run dir."""
     cases = [
-        ("train.py", ["model=resnet21"], "model=resnet21: model has no option 'resnet21'; did you mean model=resnet20?"),
+        ("train.py", ["model=resnet21"],
+         "model=resnet21: model has no option 'resnet21'; did you mean model=resnet20?"),
         ("train.py", ["trainer.max_step=5"], "trainer.max_step=5: trainer has no key 'max_step'; did you mean "
                                              "trainer.max_steps=5?"),
         # A checkpoint of another model: the one setting that differs, named once on each side.
-        ("evaluate.py", [f"ckpt={ckpt}", "+model.name=resnet32"], "the checkpoint was trained with "
-                                                                    "model.name=resnet20; this run has model.name=resnet32."),
+        ("evaluate.py", [f"ckpt={ckpt}", "+model.name=resnet32"],
+         "the checkpoint was trained with model.name=resnet20; this run has model.name=resnet32."),
     ]
     if not torch.cuda.is_available():
         cases.append(("train.py", ["device=cuda"], "device=cuda: PyTorch sees no GPU here ("))
     return cases
 
 
-def test_each_mistake_is_one_line_with_exit_code_2(user_runner: DocsRunner, trained_cls_run: Path, tmp_path: Path) -> None:
+def test_each_mistake_is_one_line_with_exit_code_2(user_runner: DocsRunner, trained_cls_run: Path,
+                                                   tmp_path: Path) -> None:
     for script, args, expected in _mistakes(str(trained_cls_run / "checkpoints" / "last.pt")):
         result = user_runner.run(script, args, tmp_path, TIMEOUT_S)
         assert result.returncode == USER_ERROR_EXIT_CODE, (script, args, result.output[-3000:])
@@ -92,7 +94,8 @@ def test_a_valid_command_line_passes() -> None:
 
 
 def test_closest_name_is_a_few_edits_away() -> None:
-    assert closest_name("resnet21", ["resnet32", "resnet20", "resnet18"]) == "resnet20"  # edits, then the prefix
+    assert closest_name("resnet21", ["resnet32", "resnet20", "resnet18"]) == "resnet20"  # fewest edits
+    assert closest_name("resnet21", ["resnet11", "resnet20"]) == "resnet20"  # as few: the longer common prefix
     assert closest_name("max_step", ["max_steps", "epochs"]) == "max_steps"
     assert closest_name("val_size", ["eval_batch_size", "root"]) is None  # shares letters, but not a typo
 
@@ -160,7 +163,8 @@ def test_reported_mistakes_reach_the_log_and_program_errors_keep_their_traceback
         with pytest.raises(RuntimeError, match="a program error"):
             reported(bug)()
         recorded = json.loads((tmp_path / "error.json").read_text())["message"]
-        assert "RuntimeError: a program error" in recorded["message"] and "in bug" in recorded["extraInfo"]["py_callstack"]
+        assert "RuntimeError: a program error" in recorded["message"]
+        assert "in bug" in recorded["extraInfo"]["py_callstack"]
         monkeypatch.setenv(user_errors.FULL_ERROR_ENV, "1")  # asked for: the traceback, the same exit code
         with pytest.raises(SystemExit) as stop:
             reported(mistake)()

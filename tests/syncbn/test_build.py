@@ -170,7 +170,7 @@ def test_missing_compiler_is_a_clear_error(tmp_path):
         cwd=REPO, env={**env_clean, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
         timeout=TIMEOUT_S)
     assert out.returncode != 0
-    assert "ExtensionBuildError" in out.stderr and "needs a C++ compiler" in out.stderr, out.stderr
+    assert "MissingBuildTool" in out.stderr and "needs a C++ compiler" in out.stderr, out.stderr
     assert "apt-get install g++" in out.stderr, out.stderr
 
 
@@ -262,7 +262,8 @@ def test_a_process_waiting_for_a_build_says_whom_for(tmp_path, capsys, monkeypat
         spec.library.write_bytes(b"")
         assert not done.is_set()
     waiter.join(timeout=60)
-    assert said == f"waiting for process {os.getpid()}, which is building the SyncBN kernels syncbn_test_wait (lock {lock})\n"
+    assert said == (f"waiting for process {os.getpid()}, which is building the SyncBN kernels syncbn_test_wait "
+                    f"(lock {lock})\n")
     assert done.is_set() and extension.last_build_info()["compiled"] is False
 
 
