@@ -11,9 +11,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's src/
 
 import src.data  # noqa: E402,F401  (registers every dataset, and with them their example trees)
+from src.commands.user_errors import reported  # noqa: E402  (a user's mistake: one message, exit 2)
 from src.data.demo_folders import demo_folders  # noqa: E402
 
 
+@reported
 def main() -> None:
     """Parse the output folder and the sizes, write every tree, say where each is."""
     demos = demo_folders()

@@ -20,9 +20,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
 
 from src import comm, process_group  # noqa: E402  (the repo's gateway to torch.distributed, and forming its group)
+from src.commands.user_errors import reported  # noqa: E402  (a user's mistake: one message, exit 2)
 from src.syncbn import SyncBatchNorm2d, convert_sync_batchnorm  # noqa: E402
 
 
+@reported
 def main() -> None:
     """Train a few steps with uneven per-rank batches and check the synchronised statistics."""
     device = process_group.select_device("auto")

@@ -13,6 +13,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from src.errors import UserError
+
 
 def is_initialized() -> bool:
     """True when a default process group exists."""
@@ -162,30 +164,33 @@ def zero_first(local: bool = True) -> Iterator[None]:
 
     Used for dataset download and extraction: one process per node writes, the rest read what it
     wrote. If the first process fails, every other rank raises a RuntimeError naming the failure
-    instead of waiting forever at a barrier.
+    instead of waiting forever at a barrier; a UserError (no network, files absent) is raised as the
+    same UserError on every rank, so that the message is printed once (src/commands/user_errors.py).
     """
     if not is_initialized():
         yield
         return
     leader = get_local_rank() == 0 if local else get_rank() == 0
-    error: str | None = None
     if leader:
         try:
             yield
         except BaseException as exc:  # report to the others, then re-raise here
-            error = f"{type(exc).__name__}: {exc}"
-            _exchange_leader_status(local, error)
+            user = isinstance(exc, UserError)
+            _exchange_leader_status(local, (user, str(exc) if user else f"{type(exc).__name__}: {exc}"))
             raise
         _exchange_leader_status(local, None)
         return
     leader_error = _exchange_leader_status(local, None)
     if leader_error is not None:
+        user, text = leader_error
+        if user:
+            raise UserError(text)
         who = "local rank 0 of this node" if local else "rank 0"
-        raise RuntimeError(f"{who} failed, so this rank stops too: {leader_error}")
+        raise RuntimeError(f"{who} failed, so this rank stops too: {text}")
     yield
 
 
-def _exchange_leader_status(local: bool, error: str | None) -> str | None:
+def _exchange_leader_status(local: bool, error: tuple[bool, str] | None) -> tuple[bool, str] | None:
     """All ranks meet here once; returns the error (or None) of this rank's leader."""
     statuses = all_gather_object((get_node_rank(), get_local_rank(), get_rank(), error))
     for node, local_rank, rank, err in statuses:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence
 
@@ -22,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from src.data import DATASETS, dataset_tasks
 from src.data.config import DataConfig, data_schema
 from src.dataclass_config import Owned, extend, foreign_settings
+from src.errors import UserError, closest_name
 from src.local_gpus import check_processes_fit_gpus
 from src.models.config import NormConfig, check_model_norm, model_schema
 from src.models.registry import MODELS
@@ -299,10 +299,10 @@ _OVERRIDE_KEY = re.compile(r"^(?:~|\+\+|\+)?([A-Za-z_]\w*)(?=[.=@]|$)")
 
 
 def refuse_renamed_groups(argv: Sequence[str]) -> None:
-    """Exit (status 1) with a message naming the new group when an override uses a renamed one.
+    """Raise UserError naming the new group when an override uses a renamed one.
 
-    Every entry point (train.py, evaluate.py, predict.py, export.py) calls it on its command line before
-    Hydra composes anything, so neither Hydra's "Could not find 'logger'" nor a process group comes first.
+    The entry points' command-line check (src/commands/command_line.py) calls it before Hydra composes anything,
+    so neither Hydra's "Could not find 'logger'" nor a process group comes first.
     """
     for arg in argv:
         match = _OVERRIDE_KEY.match(arg)
@@ -310,8 +310,8 @@ def refuse_renamed_groups(argv: Sequence[str]) -> None:
         if new is not None:
             old = match.group(1)
             fixed = arg[:match.start(1)] + new + arg[match.end(1):]
-            sys.exit(f"error: {arg}: {_RENAMED_HINTS.get(new, f'the config group is now `{new}`')}; "
-                     f"rename {old}... to {new}... (here: {fixed})")
+            raise UserError(f"{arg}: {_RENAMED_HINTS.get(new, f'the config group is now `{new}`')}; "
+                            f"rename {old}... to {new}... (here: {fixed})")
 
 
 def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[int] = None) -> TrainConfig:
@@ -320,10 +320,20 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     The TrainConfig returned is the one config the run uses from here on; `config_dict` derives the plain
     dict a checkpoint stores from it.
 
-    Raises ValueError whose message names the offending key. Call it before init_distributed. world_size:
-    the number of training processes, for checks that depend on it (norm.group_size); None skips them
-    (evaluation, which never synchronises BatchNorm statistics).
+    Raises UserError (a ValueError) whose message names the offending key. Call it before init_distributed.
+    world_size: the number of training processes, for checks that depend on it (norm.group_size); None skips
+    them (evaluation, which never synchronises BatchNorm statistics).
     """
+    try:
+        return _checked_config(cfg, world_size)
+    except UserError:
+        raise
+    except ValueError as err:  # the checks below (and the groups' own) raise ValueError: the user's config
+        raise UserError(str(err)) from err
+
+
+def _checked_config(cfg: DictConfig | dict[str, Any], world_size: Optional[int]) -> TrainConfig:
+    """validate_config's checks, in order."""
     # As a plain container: Hydra composes onto the schema and `+trainer.foo=1` force-adds a key to it, and
     # merging that typed node into the schema would copy the key along instead of checking it.
     plain = dict(cfg) if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=False)
@@ -334,18 +344,15 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        hint = (" (no such setting: check its spelling; `python train.py --cfg job` prints every key)"
-                if isinstance(exc, ConfigKeyError) else "")
+        hint = (f"{_did_you_mean(key)} (no such setting: check its spelling; `python train.py --cfg job` prints "
+                "every key)" if isinstance(exc, ConfigKeyError) else "")
         msg = str(exc.msg if hasattr(exc, "msg") else exc).splitlines()[0]  # the rest repeats the key and types
         raise ValueError(f"invalid config key {key!r}: {msg}{hint}") from None
     typed: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     if typed.device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {typed.device!r}")
     if world_size is not None:  # a training launch: one GPU per local process (src/local_gpus.py)
-        try:
-            check_processes_fit_gpus(typed.device)
-        except RuntimeError as err:
-            raise ValueError(str(err)) from None
+        check_processes_fit_gpus(typed.device)
     if typed.model.name in MODELS and typed.data.name in DATASETS:
         _resolve_task(typed)  # a model and a dataset of two tasks: said first, before either's options
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.tracker):
@@ -357,6 +364,14 @@ def validate_config(cfg: DictConfig | dict[str, Any], *, world_size: Optional[in
     typed.__dict__["_task"] = _resolve_task(typed)  # once; config.task hands it down (not a config key)
     _check_across_groups(typed)
     return typed
+
+
+def _did_you_mean(key: str) -> str:
+    """"; did you mean trainer.max_steps?" for trainer.max_step: the closest key of the same section, if any."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(OmegaConf.structured(TrainConfig), parent) if parent else OmegaConf.structured(TrainConfig)
+    close = closest_name(leaf, [str(k) for k in node.keys()] if isinstance(node, DictConfig) else [])
+    return f"; did you mean {'.'.join(filter(None, [parent, close]))}?" if close else ""
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:

@@ -12,10 +12,12 @@ from typing import Optional
 
 import torch
 
+from src.errors import UserError
+
 
 def check_processes_fit_gpus(device: str = "auto", local_world_size: Optional[int] = None,
                              device_count: Optional[int] = None) -> None:
-    """Raise RuntimeError when `device` ("auto" | "cuda") would put two of this node's processes on one GPU.
+    """Raise UserError when `device` ("auto" | "cuda") would put two of this node's processes on one GPU.
 
     "cpu" and an explicit "cuda:N" (the user's own choice) are not checked; "auto" is only when CUDA is
     available (else it means the CPU). local_world_size defaults to torchrun's LOCAL_WORLD_SIZE (1 without
@@ -28,7 +30,7 @@ def check_processes_fit_gpus(device: str = "auto", local_world_size: Optional[in
     if gpus < 1 or procs <= gpus:
         return  # no GPU at all is select_device's own error (CUDA not available)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    raise RuntimeError(
+    raise UserError(
         f"this node runs {procs} processes (LOCAL_WORLD_SIZE={procs}) but only {gpus} GPU"
         f"{'s are' if gpus != 1 else ' is'} visible (torch.cuda.device_count()={gpus}"
         f"{f', CUDA_VISIBLE_DEVICES={visible}' if visible is not None else ''}): two processes would share "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from tqdm import tqdm
 
@@ -54,6 +54,19 @@ def setup_logging(run_dir: Optional[Path], rank: int) -> None:
         handler.addFilter(_RankFilter(rank))
         root.addHandler(handler)
     logging.captureWarnings(True)
+
+
+def write_to_log_files(message: str, level: int = logging.INFO, exc_info: Any = None) -> None:
+    """Append `message` (and exc_info's traceback) to the run's log files only: for what the console already
+    shows in its own form (a summary, an error message), or must not show (a traceback)."""
+    logger = logging.getLogger("src.logger")
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, None, exc_info)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            try:
+                handler.handle(record)  # its own filters add the rank that FORMAT names
+            except Exception:  # noqa: BLE001 - a log file's copy must never hide what went wrong
+                pass
 
 
 def progress(iterable: Iterable, total: int, enabled: bool, desc: str) -> tqdm:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as torch_dist
 
 from src.comm import get_local_rank, is_initialized
+from src.errors import UserError
 from src.local_gpus import check_processes_fit_gpus
 from src.syncbn.groups import release_groups
 
@@ -40,15 +41,24 @@ def select_device(device: str = "auto") -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"device={device!r} was asked for but CUDA is not available; use device=cpu or device=auto"
-            )
+            raise UserError(f"device={device}: PyTorch sees no GPU here ({_why_no_cuda()}); use device=cpu, or "
+                            "device=auto (a GPU where there is one)")
         check_processes_fit_gpus(device)  # before any process group: never two ranks on one GPU
         if device == "cuda":
             index = get_local_rank() % torch.cuda.device_count()
             device = f"cuda:{index}"
         torch.cuda.set_device(torch.device(device))
     return torch.device(device)
+
+
+def _why_no_cuda() -> str:
+    """Why torch.cuda.is_available() is False, as far as can be told without a GPU."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    return f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but finds no GPU or no driver"
 
 
 class ProcessGroupInitError(RuntimeError):

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as torch_dist
 
 from src import comm
+from src.errors import UserError
 from tests.support.gloo import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +61,18 @@ def _case_zero_first_fail(rank: int, world: int, tmp: Path) -> object:
     return "entered"
 
 
-CASES = {"gather": _case_gather, "zero_first_ok": _case_zero_first_ok, "zero_first_fail": _case_zero_first_fail}
+def _case_zero_first_user_error(rank: int, world: int, tmp: Path) -> object:
+    try:
+        with comm.zero_first():
+            if comm.get_local_rank() == 0:
+                raise UserError("data.download=true: no network")
+    except UserError as err:
+        return f"UserError {err}"
+    return "entered"
+
+
+CASES = {"gather": _case_gather, "zero_first_ok": _case_zero_first_ok, "zero_first_fail": _case_zero_first_fail,
+         "zero_first_user_error": _case_zero_first_user_error}
 
 
 def _run(case: str, world: int, tmp_path: Path) -> dict[int, object]:
@@ -105,6 +117,12 @@ def test_zero_first_failure_is_an_error_on_every_rank(tmp_path: Path) -> None:
         assert results[rank].startswith("EXC "), results[rank]
         assert "local rank 0 of this node failed" in results[rank]
         assert "network unreachable" in results[rank]
+
+
+def test_zero_first_passes_a_users_mistake_on_as_the_same_message(tmp_path: Path) -> None:
+    """Every rank raises the leader's UserError with its exact text: printed once, not once per rank."""
+    results = _run("zero_first_user_error", 3, tmp_path)
+    assert results == {rank: "UserError data.download=true: no network" for rank in range(3)}
 
 
 def test_unknown_reduce_op_is_rejected() -> None:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 import src.config  # noqa: F401  (registers train_schema)
 from src.config import TrainConfig, refuse_renamed_groups, validate_config
 from src.data import dataset_task
+from src.errors import USER_ERROR_EXIT_CODE
 from src.models import MODELS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -153,13 +154,15 @@ def test_activation_checkpointing_refuses_compile_and_unknown_torchvision_stages
     ("export.py", "~logger", "~tracker"),
 ])
 def test_the_old_trackers_group_name_is_refused_by_every_entry_point_naming_the_new_one(
-        script: str, override: str, fixed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        script: str, override: str, fixed: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     # The script runs as `python SCRIPT ARGS` would: the refusal comes before Hydra (whose own errors exit
     # with a number, not this message) and before any process group.
     monkeypatch.setattr(sys, "argv", [script, "trainer.num_threads=1", override])
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(CONF.parent / script), run_name="__main__")
-    message = str(exit_.value.code)
+    message = capsys.readouterr().err
+    assert exit_.value.code == USER_ERROR_EXIT_CODE and message.count("\n") == 1, message
     assert "config group is now `tracker`" in message and "tracker=[tensorboard,mlflow]" in message
     assert f"(here: {fixed})" in message
     refuse_renamed_groups(["tracker=mlflow", "loggers=1", "trainer.logger=1", "-m", "hydra/job_logging=none"])

@@ -7,6 +7,7 @@ import torch
 
 from src import process_group
 from src.config import validate_config
+from src.errors import UserError
 from src.local_gpus import check_processes_fit_gpus
 
 
@@ -23,7 +24,7 @@ def two_gpus(monkeypatch):
 
 
 def test_message_names_both_numbers_and_the_ways_out(two_gpus):
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(UserError) as info:
         check_processes_fit_gpus("cuda", local_world_size=4)
     msg = str(info.value)
     for part in ("4 processes", "LOCAL_WORLD_SIZE=4", "only 2 GPUs", "device_count()=2", "--nproc_per_node=2",
@@ -42,7 +43,7 @@ def test_select_device_refuses_before_set_device(two_gpus, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     monkeypatch.setenv("LOCAL_RANK", "2")
     for device in ("cuda", "auto"):
-        with pytest.raises(RuntimeError, match="3 processes .* only 2 GPUs"):
+        with pytest.raises(UserError, match="3 processes .* only 2 GPUs"):
             process_group.select_device(device)
 
 
@@ -54,9 +55,9 @@ def test_auto_without_cuda_is_the_cpu(monkeypatch):
 
 
 def test_config_validation_refuses(two_gpus, monkeypatch):
-    """Training validation (world_size given) refuses with a ValueError, before any process group."""
+    """Training validation (world_size given) refuses with a UserError, before any process group."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    with pytest.raises(ValueError, match="4 processes .* only 2 GPUs"):
+    with pytest.raises(UserError, match="4 processes .* only 2 GPUs"):
         validate_config({"device": "cuda"}, world_size=4)
     with pytest.raises(ValueError, match="only 2 GPUs"):
         validate_config({"device": "auto"}, world_size=4)

@@ -20,6 +20,7 @@ from src.data import DataBundle, build_datasets, build_eval_loader, close_loader
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads
 from src.engine.evaluation.evaluator import evaluate
+from src.errors import UserError
 
 USAGE = ("python evaluate.py ckpt=<run dir>/checkpoints/last.pt [out=metrics.json] [export=DIR] [ema=true] "
          "[data.root=...]")
@@ -28,7 +29,7 @@ USAGE = ("python evaluate.py ckpt=<run dir>/checkpoints/last.pt [out=metrics.jso
 def run(cfg: DictConfig) -> dict[str, float]:
     """Evaluate cfg.ckpt; returns the metrics (the same on every rank)."""
     if not cfg.get("ckpt"):
-        raise ValueError(f"ckpt is required: {USAGE}")
+        raise UserError(f"ckpt is required: {USAGE}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
     owns_group = not comm.is_initialized()
@@ -77,9 +78,9 @@ def _evaluate(cfg: DictConfig, trained: TrainedRun, bundle: DataBundle, loader: 
 def _check_class_count(trained: TrainedRun, bundle: DataBundle) -> None:
     """The data must have the classes the model was trained to predict."""
     if bundle.num_classes != len(trained.class_names):
-        raise ValueError(f"{trained.path} predicts {len(trained.class_names)} classes but data.name="
-                         f"{trained.config.data.name} has {bundle.num_classes}: evaluate it on the data it was "
-                         "trained on (drop the data overrides)")
+        raise UserError(f"{trained.path} predicts {len(trained.class_names)} classes but data.name="
+                        f"{trained.config.data.name} has {bundle.num_classes}: evaluate it on the data it was "
+                        "trained on (drop the data overrides)")
 
 
 def _dry_run(trained: TrainedRun, bundle: DataBundle, loader: Any) -> None:

@@ -24,6 +24,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from src.errors import UserError
+
 if TYPE_CHECKING:
     from src.commands.trained_run import TrainedRun
 
@@ -78,25 +80,25 @@ def check_arguments(cfg: DictConfig) -> tuple[Path, str, Path]:
     """ckpt, format and out, checked before anything is read: each error names the key and the fix."""
     missing = [k for k in ("ckpt", "format", "out") if not cfg.get(k)]
     if missing:
-        raise ValueError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {USAGE}")
+        raise UserError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {USAGE}")
     fmt = str(cfg.format)
     if fmt not in FORMATS:
-        raise ValueError(f"format={fmt} is not an export format; use one of {', '.join(FORMATS)}")
+        raise UserError(f"format={fmt} is not an export format; use one of {', '.join(FORMATS)}")
     from src.engine.checkpoint.files import checkpoint_file
 
     ckpt = checkpoint_file(cfg.ckpt, "ckpt")
     out = Path(str(cfg.out)).expanduser()
     if out.is_dir():
-        raise ValueError(f"out={cfg.out} is a folder; give the file to write, e.g. out={out / ('model' + SUFFIXES[fmt])}")
+        raise UserError(f"out={cfg.out} is a folder; give the file to write, e.g. out={out / ('model' + SUFFIXES[fmt])}")
     if fmt == "exported_program" and out.suffix != SUFFIXES[fmt]:
         # torch.export.save / load only accept files ending in .pt2 (the PT2 archive format).
-        raise ValueError(f"out={cfg.out}: format=exported_program writes a PT2 archive, whose name must end in "
-                         f".pt2, e.g. out={out.with_suffix('.pt2')}")
+        raise UserError(f"out={cfg.out}: format=exported_program writes a PT2 archive, whose name must end in "
+                        f".pt2, e.g. out={out.with_suffix('.pt2')}")
     if int(cfg.batch_size) < MIN_EXAMPLE_BATCH:
-        raise ValueError(f"batch_size={cfg.batch_size}: the example batch must be >= {MIN_EXAMPLE_BATCH} (the "
-                         "exported batch size is dynamic either way; an example of 1 would fix it to 1)")
+        raise UserError(f"batch_size={cfg.batch_size}: the example batch must be >= {MIN_EXAMPLE_BATCH} (the "
+                        "exported batch size is dynamic either way; an example of 1 would fix it to 1)")
     if cfg.get("image_size") is not None and int(cfg.image_size) < 8:
-        raise ValueError(f"image_size={cfg.image_size} must be >= 8 (or null: the training data's size)")
+        raise UserError(f"image_size={cfg.image_size} must be >= 8 (or null: the training data's size)")
     return ckpt, fmt, out
 
 

@@ -28,6 +28,7 @@ from src.data import Batch, ClosableLoader, EvalBatchSampler, close_loaders, col
 from src.data.image_files import read_sample
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads, fixed_threads
+from src.errors import UserError
 from src.precision import autocast, model_dtype
 from src.dataclass_config import extend, foreign_settings
 from src.tasks import Task, all_tasks
@@ -62,7 +63,7 @@ def run(cfg: DictConfig) -> Path:
     """Predict every input of cfg.input with cfg.ckpt; returns what was written (the CSV or the mask folder)."""
     source, out_dir = _paths(cfg)
     if int(cfg.batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got batch_size={cfg.batch_size}")
+        raise UserError(f"batch_size must be >= 1, got batch_size={cfg.batch_size}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
     options = _task_options(cfg, trained.task)
@@ -99,8 +100,8 @@ def _task_options(cfg: DictConfig, task: Task) -> Any:
     values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
     parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
     for key, value, owners in foreign_settings(values, parts, {task.name}):
-        raise ValueError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
-                         f"{task.name}: remove {key}={value!r}")
+        raise UserError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
+                        f"{task.name}: remove {key}={value!r}")
     return task.predict_settings(values)
 
 
@@ -108,7 +109,7 @@ def _paths(cfg: DictConfig) -> tuple[Path, Path]:
     """(input, out) after checking that ckpt, input and out were all given (ckpt's file is checked when read)."""
     missing = [k for k in ("ckpt", "input", "out") if not cfg.get(k)]
     if missing:
-        raise ValueError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {USAGE}")
+        raise UserError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {USAGE}")
     return Path(str(cfg.input)).expanduser(), Path(str(cfg.out)).expanduser()
 
 

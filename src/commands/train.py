@@ -32,6 +32,7 @@ from src.engine.optim import build_optimizer, build_scheduler, trainable
 from src.engine.preemption import PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
 from src.commands.run_dir import resolve_run_dir, resume_checkpoint
+from src.commands.run_summary import print_run_summary
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
 from src.engine.checkpoint.state import TrainState, read_checkpoint
@@ -41,6 +42,7 @@ from src.engine.trackers.sink import FAILED, FINISHED, KILLED, RunInfo
 from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
+from src.errors import UserError
 from src.logger import setup_logging
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
@@ -106,6 +108,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
         process_group.destroy()
     if exit_code is not None:
         raise SystemExit(exit_code)
+    print_run_summary(run_dir, config.task, best_metric_of(config))  # rank 0: the best checkpoint, the next commands
     return metrics
 
 
@@ -199,8 +202,8 @@ def _dry_run_forward(config: TrainConfig, device: torch.device, run_dir: Path, t
     """The dry run's model, one training-mode forward of the first batch, and the summary."""
     world, settings = comm.get_world_size(), config.trainer
     if len(train_loader) == 0:
-        raise ValueError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
-                         f"{len(data.train)} training samples: not one full micro-batch per epoch")
+        raise UserError(f"data.batch_size={config.data.batch_size} x {world} process(es) is more than the "
+                        f"{len(data.train)} training samples: not one full micro-batch per epoch")
     model = _build_model(config, data.num_classes, device)
     module = wrap_model(model, settings, device).train()
     # As the trainer does: on the device in the model's dtype (uint8 batches finished by device transforms).

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from src.errors import MissingFileError
+
 _SHOWN = 5  # entries named per kind of problem
 
 
@@ -126,8 +128,8 @@ def _images(path: Path, entries: list[Any], images_dir: Path) -> None:
     absent = [f"{im['file_name']!r} (image id {im['id']})" for im in good if not (images_dir / im["file_name"]).is_file()]
     if absent:
         shown = ", ".join(absent[:_SHOWN]) + (", ..." if len(absent) > _SHOWN else "")
-        raise FileNotFoundError(f"{path} lists {len(absent)} image(s) that are not in {images_dir.resolve()}: "
-                                f"{shown}; each 'file_name' is relative to that folder")
+        raise MissingFileError(f"{path} lists {len(absent)} image(s) that are not in {images_dir.resolve()}: "
+                               f"{shown}; each 'file_name' is relative to that folder")
 
 
 def _segmentation_problem(segmentation: Any, image: dict[str, Any]) -> str | None:

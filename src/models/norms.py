@@ -150,10 +150,16 @@ def finalize_norms(model: nn.Module, norm_cfg: NormConfig) -> nn.Module:
 
 
 def checked_cuda_syncbn(model: nn.Module, norm_cfg: NormConfig, device: torch.device) -> nn.Module:
-    """norm=syncbn on a GPU: self-check our CUDA kernels there first (norm.cuda_selfcheck); returns the model,
-    or, after a failed check with cuda_selfcheck=fallback, the same model with torch's nn.SyncBatchNorm
-    (same Parameter and buffer objects). Anything else is returned unchanged."""
-    if norm_cfg.name != "syncbn" or device.type != "cuda":
+    """norm=syncbn: load our kernels now (their first use on a machine compiles them, and says so), not in the
+    first training step, whose time the progress bar would count; on a GPU, self-check the CUDA kernels there
+    first (norm.cuda_selfcheck). Returns the model, or, after a failed check with cuda_selfcheck=fallback, the
+    same model with torch's nn.SyncBatchNorm (same Parameter and buffer objects). Other norms: unchanged."""
+    if norm_cfg.name != "syncbn":
+        return model
+    from src.syncbn.functions import kernel_ops
+
+    kernel_ops()
+    if device.type != "cuda":
         return model
     from src.syncbn import revert_sync_batchnorm
     from src.syncbn.selfcheck import ensure_cuda_kernels_checked

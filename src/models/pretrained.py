@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from src.errors import MissingFileError, UserError
 from src.models.registry import MODELS
 
 # A weights enum member (DEFAULT, IMAGENET1K_V2, ...), optionally qualified (ResNet50_Weights.IMAGENET1K_V2):
@@ -45,14 +46,14 @@ def torchvision_weights(builder: str, name: str, key: str) -> Any:
     try:
         enum = models.get_model_weights(builder)
     except (ValueError, KeyError):
-        raise ValueError(f"{key}={name}: torchvision has no weights for {builder}; use a local file or "
-                         f"{key}=null") from None
+        raise UserError(f"{key}={name}: torchvision has no weights for {builder}; use a local file or "
+                        f"{key}=null") from None
     member = name.split(".", 1)[1] if "." in name else name
     qualifier = name.split(".", 1)[0] if "." in name else enum.__name__
     names = ["DEFAULT"] + [w.name for w in enum]
     if qualifier != enum.__name__ or member not in names:
-        raise ValueError(f"{key}={name} is not a weights name of torchvision's {builder}; its names are "
-                         f"{', '.join(names)} ({enum.__name__})")
+        raise UserError(f"{key}={name} is not a weights name of torchvision's {builder}; its names are "
+                        f"{', '.join(names)} ({enum.__name__})")
     return enum[member]  # enum["DEFAULT"] is the recommended member
 
 
@@ -89,16 +90,16 @@ def weights_source(cfg: Any, family: str | None, key: str) -> str:
     if backbone is not None:  # DeepLab and detection models: a torchvision ResNet inside, with its own heads
         if key == "backbone_weights":
             return backbone  # the ResNet backbone's ImageNet weights
-        raise ValueError(f"model.weights={cfg.weights}: names select ImageNet weights for the backbone of "
-                         f"{cfg.name}: use model.backbone_weights={cfg.weights} (the heads train from scratch), or "
-                         "give model.weights a local file of the whole model")
+        raise UserError(f"model.weights={cfg.weights}: names select ImageNet weights for the backbone of "
+                        f"{cfg.name}: use model.backbone_weights={cfg.weights} (the heads train from scratch), or "
+                        "give model.weights a local file of the whole model")
     if family == "timm":
-        raise ValueError(f"model.{key}={getattr(cfg, key)}: timm's weights are chosen by model.arch (with its "
-                         f"tag, e.g. resnet18.a1_in1k) and loaded with model.pretrained=true; model.{key} takes "
-                         "a local file only")
-    raise ValueError(f"model.{key}={getattr(cfg, key)}: model={cfg.name} has no weights by name (only "
-                     "torchvision and timm models, our ImageNet ResNets and DeepLab backbones do); give a local "
-                     "file or null")
+        raise UserError(f"model.{key}={getattr(cfg, key)}: timm's weights are chosen by model.arch (with its "
+                        f"tag, e.g. resnet18.a1_in1k) and loaded with model.pretrained=true; model.{key} takes "
+                        "a local file only")
+    raise UserError(f"model.{key}={getattr(cfg, key)}: model={cfg.name} has no weights by name (only "
+                    "torchvision and timm models, our ImageNet ResNets and DeepLab backbones do); give a local "
+                    "file or null")
 
 
 # --- timm -------------------------------------------------------------------------------------------------
@@ -141,8 +142,8 @@ def timm_pretrained_file(pretrained_cfg: dict[str, Any]) -> str:
                                     lambda: hf_hub_download(repo_id, names[0], revision=revision, cache_dir=cache))
     url = pretrained_cfg.get("url")
     if not url:
-        raise ValueError(f"{what}: timm has no pretrained weights for this model (no hf_hub_id or url in its "
-                         "pretrained_cfg); set model.pretrained=false or pick a tag with weights (timm.list_pretrained())")
+        raise UserError(f"{what}: timm has no pretrained weights for this model (no hf_hub_id or url in its "
+                        "pretrained_cfg); set model.pretrained=false or pick a tag with weights (timm.list_pretrained())")
     path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
     if path.is_file():
         return str(path)
@@ -177,11 +178,11 @@ def _missing_or_download(what: str, place: Path | str, url: str, download: Calla
     how = (f"put the file at {place}: download it on a connected machine from {url} (or run the same command "
            "there, which fills the same cache) and copy it over")
     if offline():
-        raise FileNotFoundError(f"{what}: the weights are not in the local cache and HF_HUB_OFFLINE is set; {how}")
+        raise MissingFileError(f"{what}: the weights are not in the local cache and HF_HUB_OFFLINE is set; {how}")
     if isinstance(place, Path):
         place.parent.mkdir(parents=True, exist_ok=True)
     try:
         return download()
     except Exception as err:  # network errors come as URLError, OSError, requests' and huggingface_hub's own
-        raise FileNotFoundError(f"{what}: the weights are not in the local cache and downloading them failed "
-                                f"({type(err).__name__}: {err}); {how}") from err
+        raise MissingFileError(f"{what}: the weights are not in the local cache and downloading them failed "
+                               f"({type(err).__name__}: {err}); {how}") from err

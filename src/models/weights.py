@@ -11,6 +11,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from src.errors import MissingFileError, UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -47,8 +49,8 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     under "model"/"state_dict"."""
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"weights file not found: {path!r}. Nothing is downloaded (offline): copy the "
-                                "file there (e.g. torchvision's resnet50-0676ba61.pth) or fix the path")
+        raise MissingFileError(f"weights file not found: {path!r}. Nothing is downloaded (offline): copy the "
+                               "file there (e.g. torchvision's resnet50-0676ba61.pth) or fix the path")
     if path.endswith(".safetensors"):  # timm's / Hugging Face's format (safetensors comes with timm)
         from safetensors.torch import load_file
 
@@ -60,8 +62,8 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
             obj = obj[key]
             break
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path!r} holds no state_dict (expected a dict of tensors, or a checkpoint with a "
-                         "'model' or 'state_dict' entry)")
+        raise UserError(f"{path!r} holds no state_dict (expected a dict of tensors, or a checkpoint with a "
+                        "'model' or 'state_dict' entry)")
     # Checkpoints saved from a DDP-wrapped model prefix every key with "module.".
     return {k[len("module."):] if k.startswith("module.") else k: v for k, v in obj.items()}
 

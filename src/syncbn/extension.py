@@ -45,6 +45,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import platform
 import re
@@ -52,14 +53,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from src.errors import UserError
 
 from . import toolkit
 
@@ -85,6 +89,11 @@ _LAST_BUILD: dict[str, object] = {}
 
 class ExtensionBuildError(RuntimeError):
     """The SyncBN extension could not be built (missing tool or compile error)."""
+
+
+class MissingBuildTool(ExtensionBuildError, UserError):
+    """A tool the build needs is not installed (ninja, a C++ compiler, the Python headers, the CUDA toolkit): the
+    user's to install, so one message without a traceback (src/errors.py), still an ExtensionBuildError."""
 
 
 @dataclass(frozen=True)
@@ -325,29 +334,29 @@ def python_include_dir() -> Path:
 
 
 def check_build_tools(spec: BuildSpec) -> None:
-    """Raise ExtensionBuildError naming the missing tool and how to install it."""
+    """Raise MissingBuildTool naming the missing tool and how to install it."""
     if toolkit.environment_tool("ninja") is None:
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs ninja, which is neither in this Python environment "
             f"({sysconfig.get_path('scripts')}) nor on PATH. Install it into this environment: "
             f"`{sys.executable} -m pip install ninja` (requirements.txt lists it; `make setup` installs it).")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs a C++ compiler, but {cxx!r} (from $CXX, default "
             "'c++') is not on PATH. Install one, e.g. `apt-get install g++` (Debian/Ubuntu) or "
             "`dnf install gcc-c++`, or point CXX at an existing compiler.")
     include = python_include_dir()
     if not (include / "Python.h").is_file():  # else a bare "Python.h: No such file" deep in the compile log
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        raise ExtensionBuildError(
+        raise MissingBuildTool(
             f"Building the SyncBN extension needs the Python {version} headers (Python.h, for its Python "
             f"module), but {include} has no Python.h. Install them: `apt-get install python{version}-dev` "
             f"(Debian/Ubuntu; python3-dev when python3 is {version}) or `dnf install python3-devel`.")
     if spec.with_cuda:
         search = toolkit.find_cuda_toolkit()
         if search.toolkit is None:
-            raise ExtensionBuildError(f"Building {spec.name}: {toolkit.missing_toolkit_message(search)}")
+            raise MissingBuildTool(f"Building {spec.name}: {toolkit.missing_toolkit_message(search)}")
 
 
 def _import_library(spec: BuildSpec) -> ModuleType:
@@ -376,15 +385,21 @@ def _wait_for_flock(fd: int, operation: int, path: Path, timeout_s: float) -> No
 
 
 class _NodeLock:
-    """Exclusive fcntl lock on a file; waits (polling, with a timeout) instead of failing."""
+    """Exclusive fcntl lock on a file; waits (polling, with a timeout) instead of failing. `on_wait` is called
+    with the holder's process id (as it wrote it into the file) when the lock is busy, before waiting."""
 
-    def __init__(self, path: Path, timeout_s: float) -> None:
-        self.path, self.timeout_s, self.fd = path, timeout_s, -1
+    def __init__(self, path: Path, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
+        self.path, self.timeout_s, self.fd, self.on_wait = path, timeout_s, -1, on_wait
 
     def __enter__(self) -> "_NodeLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        _wait_for_flock(self.fd, fcntl.LOCK_EX, self.path, self.timeout_s)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if self.on_wait is not None:
+                self.on_wait(os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?")
+            _wait_for_flock(self.fd, fcntl.LOCK_EX, self.path, self.timeout_s)
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
         return self
@@ -395,8 +410,32 @@ class _NodeLock:
 
 
 def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType | None:
-    """Run the ninja build for `spec` (the caller holds the node lock); import it if asked."""
-    from torch.utils import cpp_extension
+    """Run the ninja build for `spec` (the caller holds the node lock), showing ninja's steps (all of its output
+    with `verbose`); import it if asked. A failed build's error carries the end of the compiler's output."""
+    if verbose:
+        return _run_cpp_extension(spec, import_module, quiet=False)
+    started = time.monotonic()
+    steps = _NinjaSteps(lambda step: _say(f"  {step} ({time.monotonic() - started:.0f} s)"))
+    try:
+        with steps:
+            return _run_cpp_extension(spec, import_module, quiet=True)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what the compiler said (all read once the pipe closed)
+        output = "".join(line for line in steps.lines if not _NINJA_STEP.match(line.strip())).strip()
+        raise ExtensionBuildError(f"{exc}:\n{output[-6000:]}") from exc
+
+
+def _run_cpp_extension(spec: BuildSpec, import_module: bool, quiet: bool) -> ModuleType | None:
+    """torch.utils.cpp_extension's build of `spec` (and import, if asked), in its verbose mode: it hands ninja's
+    output to file descriptor 1 (which _NinjaSteps reads) instead of keeping it until the end. quiet: without
+    the INFO lines it logs beside that."""
+    chatter = logging.getLogger("torch.utils.cpp_extension")
+    chatter_level = chatter.level
+    if not spec.with_cuda:  # its import warns "No CUDA runtime is found" on GPU-less machines: no matter here
+        chatter.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        chatter.setLevel(chatter_level)
 
     spec.build_dir.mkdir(parents=True, exist_ok=True)
     # PyTorch's own lock file: we hold the node lock, so any existing one is stale (a killed build)
@@ -413,25 +452,115 @@ def _compile(spec: BuildSpec, verbose: bool, import_module: bool) -> ModuleType 
     saved_cuda_home = cpp_extension.CUDA_HOME
     if "CUDA_HOME" in spec.env:
         cpp_extension.CUDA_HOME = spec.env["CUDA_HOME"]
+    if quiet:  # "Building extension module ...", "Loading extension module ...": our own lines say so
+        chatter.setLevel(logging.WARNING)
     try:
         kwargs = dict(extra_cflags=list(spec.cflags), extra_cuda_cflags=list(spec.cuda_cflags),
                       extra_ldflags=list(spec.ldflags), build_directory=str(spec.build_dir),
-                      verbose=verbose, with_cuda=spec.with_cuda)
+                      verbose=True, with_cuda=spec.with_cuda)
         build_only = getattr(cpp_extension, "_write_ninja_file_and_build_library", None)
         if not import_module and build_only is not None:
             # Compile without importing (e.g. the CUDA variant on a machine without a GPU).
             build_only(spec.name, list(spec.sources), kwargs["extra_cflags"],
                        kwargs["extra_cuda_cflags"], None, kwargs["extra_ldflags"], None,
-                       str(spec.build_dir), verbose, spec.with_cuda, False)
+                       str(spec.build_dir), True, spec.with_cuda, False)
             return None
         return cpp_extension.load(spec.name, list(spec.sources), **kwargs)
     finally:
         cpp_extension.CUDA_HOME = saved_cuda_home
+        chatter.setLevel(chatter_level)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# CPU seconds to compile each kind of variant, and the share of its largest file (which bounds the wall time however
+# many cores run ninja's jobs): the C++ variant about 300 s (bindings.cpp, with the torch and pybind11 headers, a
+# third), the CUDA variant 205 s more per architecture (backward_elemt.cu an eighth; docs/gpu.md, "build"), the
+# emulated variant 93 s (docs/gpu.md). Measured on 2-vCPU machines; for the message's "about", not a promise.
+_BUILD_CPU_S = {"cpu": (300.0, 1 / 3), "cuda": (205.0, 1 / 8), "cudaemu": (93.0, 1 / 3)}
+
+
+def _say(text: str) -> None:
+    """A build message on stderr from whichever process builds or waits (with its rank under torchrun)."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+    print(f"[rank {rank}] {text}" if rank is not None and world != "1" else text, file=sys.stderr, flush=True)
+
+
+def _announcement(spec: BuildSpec, retry: bool) -> str:
+    """What is about to be compiled, why, about how long it takes here, and where it is cached."""
+    variant = _variant_of(spec.name)
+    if "cudaemu" in variant:
+        what, kind = "the CUDA kernels for the CPU emulation (tests)", "cudaemu"
+    elif spec.with_cuda:
+        what, kind = f"the SyncBN C++ and CUDA kernels (GPU architectures {spec.cuda_arch_list})", "cuda"
+    else:
+        what, kind = f"the SyncBN C++ kernels ({spec.cpu_capability} CPU code)", "cpu"
+    older = [d for d in spec.build_dir.parent.glob(f"{variant}_*") if d.is_dir() and d.name != spec.name]
+    why = ("its last build failed" if retry else
+           "the sources, the compiler or PyTorch changed since the cached build" if older else
+           "their first use on this machine")
+    cpu_s, largest = _BUILD_CPU_S[kind]
+    if kind == "cuda":  # the C++ sources once, the CUDA ones per architecture
+        cpu_s = _BUILD_CPU_S["cpu"][0] + cpu_s * len(re.split(r"[;\s]+", (spec.cuda_arch_list or "").strip()))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(cores, int(os.environ.get("MAX_JOBS") or cores))
+    minutes = max(cpu_s / max(jobs, 1), cpu_s * largest) / 60
+    about = f"about {max(0.5, round(minutes * 2) / 2):g} min" if minutes >= 0.5 else "under a minute"
+    return (f"Compiling {what}: {why}. It takes {about} on {jobs} core(s), once: the result is cached in "
+            f"{spec.build_dir} (SYNCTRAIN_EXTENSIONS_DIR moves the cache; python -m src.syncbn.build builds "
+            "ahead of time)")
+
+
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
+
+
+class _NinjaSteps:
+    """While open, file descriptor 1 (where a verbose cpp_extension build sends ninja's output) goes to a pipe: each
+    `[k/n]` step ninja finishes (its status line, printed as a step ends when the output is not a terminal) is
+    passed to `show` as "[k/n] compiled <source>" or "[k/n] linked <library>", and every line is kept in `lines`
+    (the compiler's messages, for an error)."""
+
+    def __init__(self, show: Callable[[str], None]) -> None:
+        self.show, self.lines = show, []
+        self._saved, self._reader = -1, None
+
+    def __enter__(self) -> "_NinjaSteps":
+        sys.stdout.flush()
+        read_end, write_end = os.pipe()
+        self._saved = os.dup(1)
+        os.dup2(write_end, 1)
+        os.close(write_end)
+        self._reader = threading.Thread(target=self._pump, args=(read_end,), name="ninja-steps", daemon=True)
+        self._reader.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+        os.dup2(self._saved, 1)  # closes the pipe's last write end held here: the reader sees the end
+        os.close(self._saved)
+        if self._reader is not None:
+            self._reader.join(timeout=30)
+
+    def _pump(self, read_end: int) -> None:
+        with os.fdopen(read_end, "r", errors="replace") as pipe:
+            for line in pipe:
+                self.lines.append(line)
+                step = _NINJA_STEP.match(line.strip())
+                if step:
+                    self.show(f"[{step[1]}/{step[2]}] {_step_name(step[3])}")
+
+
+def _step_name(command: str) -> str:
+    """"compiled csrc/cpu/stats.cpp" or "linked syncbn_cpu_....so" for one of ninja's command lines."""
+    source = re.search(r"\s-c\s+(\S+)", command)
+    if source:
+        path = Path(source[1].strip("'\""))
+        return f"compiled {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path.name}"
+    output = re.search(r"\s-o\s+(\S+)", command)
+    return f"linked {Path(output[1]).name}" if output else command.split()[0]
 
 
 def _prune_stale_variants(spec: BuildSpec) -> None:
@@ -464,13 +593,19 @@ def _prune_stale_variants(spec: BuildSpec) -> None:
 
 
 def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None = None) -> ModuleType | None:
-    """Build `spec` under the node lock unless a finished build exists; import it if asked."""
+    """Build `spec` under the node lock unless a finished build exists; import it if asked.
+
+    A process that compiles says so on stderr first (what, why, about how long, where it is cached), then shows
+    ninja's steps; one that waits for another's build says whom it waits for.
+    """
     if verbose is None:
         verbose = os.environ.get("SYNCTRAIN_EXTENSIONS_VERBOSE", "0") == "1"
     failed_marker = spec.build_dir.parent / f"{spec.name}.failed"
     waited_since = time.time()
     t0 = time.monotonic()
-    with _NodeLock(spec.build_dir.parent / f"{spec.name}.lock", LOCK_TIMEOUT_S):
+    lock = spec.build_dir.parent / f"{spec.name}.lock"
+    with _NodeLock(lock, LOCK_TIMEOUT_S, on_wait=lambda pid: _say(
+            f"waiting for process {pid}, which is building the SyncBN kernels {spec.name} (lock {lock})")):
         if spec.ok_marker.exists() and spec.library.exists():
             _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=False,
                                seconds=time.monotonic() - t0)
@@ -479,6 +614,7 @@ def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None =
             # Another process failed while we waited for the lock: same sources, same error.
             raise ExtensionBuildError(failed_marker.read_text())
         check_build_tools(spec)
+        _say(_announcement(spec, retry=failed_marker.exists()))
         try:
             module = _compile(spec, verbose, import_module)
         except Exception as exc:  # noqa: BLE001 - re-raised with context for every waiting rank
@@ -493,6 +629,8 @@ def build(spec: BuildSpec, *, import_module: bool = True, verbose: bool | None =
         _prune_stale_variants(spec)
         _LAST_BUILD.update(name=spec.name, build_dir=str(spec.build_dir), compiled=True,
                            seconds=time.monotonic() - t0)
+        _say(f"SyncBN kernels built in {time.monotonic() - t0:.0f} s; every later process loads them from "
+             f"{spec.build_dir}")
         return module
 
 

@@ -73,6 +73,7 @@ class Task:
     # dataclass's validate() checks them; a run of another task refuses them when set.
     config_options: Mapping[str, type] = {}
     predict_options: Optional[type] = None  # predict.py's keys this task reads (e.g. topk), a dataclass
+    exportable: bool = True  # whether export.py writes its models (False: export_output says why not)
 
     # --- config --------------------------------------------------------------------------------------------
     @property

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from src.data.image_files import IMAGE_EXTENSIONS, list_files, load_rgb
+from src.errors import MissingFileError
 
 
 def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[Path]]:
@@ -24,7 +25,7 @@ def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[P
     if source.is_file():
         return source.parent, [Path(source.name)]
     if not source.is_dir():
-        raise FileNotFoundError(f"input={source}: no such file or folder; pass an image file or a folder of images")
+        raise MissingFileError(f"input={source}: no such file or folder; pass an image file or a folder of images")
     found = list_files(source, IMAGE_EXTENSIONS)
     if out_dir is not None:
         try:
@@ -34,8 +35,8 @@ def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[P
         if inside is not None and inside.parts:
             found = [f for f in found if f.parts[: len(inside.parts)] != inside.parts]
     if not found:
-        raise FileNotFoundError(f"input={source}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any "
-                                "case, also in sub-folders; hidden files are skipped)")
+        raise MissingFileError(f"input={source}: no images found (looked for {', '.join(IMAGE_EXTENSIONS)} in any "
+                               "case, also in sub-folders; hidden files are skipped)")
     return source, found
 
 

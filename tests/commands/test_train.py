@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from src.engine.checkpoint.files import load_checkpoint
+from src.errors import USER_ERROR_EXIT_CODE
 
 from tests.support.launch import TINY, launch, rows
 
@@ -26,17 +27,23 @@ def syncbn_on_two_vs_bn_on_one(tmp_path: Path, common: list[str], batch: int) ->
 
 @pytest.mark.slow  # torchrun on 2 processes
 def test_bad_config_fails_on_every_rank_before_any_process_group(tmp_path: Path) -> None:
+    """A user's mistake under torchrun, as users run it (no HYDRA_FULL_ERROR): every rank stops with exit code 2
+    before any process group or run dir, and our processes print the one message once, nothing else (their
+    output is read from torchrun's per-rank log files; torchrun's own failure report is beside it)."""
     started = time.monotonic()
-    result = launch(2, [*TINY, "trainer.grad_accum_steps=0", f"hydra.run.dir={tmp_path / 'run'}"], timeout=180)
+    logs = tmp_path / "logs"
+    result = launch(2, [*TINY, "trainer.grad_accum_steps=0", f"hydra.run.dir={tmp_path / 'run'}"], timeout=180,
+                    full_error=False, torchrun_args=("--redirects=3", f"--log-dir={logs}"))
     assert result.returncode != 0
-    assert "trainer.grad_accum_steps must be > 0, got 0" in result.stdout
-    assert "run dir" not in result.stdout  # failed in validation, before init_distributed and the run dir
     assert time.monotonic() - started < 180
-    # train.main is wrapped in torchrun's @record: its failure summary names each rank's error file and
-    # carries the exception, instead of "error_file: <N/A>" and a link to the docs.
+    assert not (tmp_path / "run" / "logs").exists()  # failed in validation, before init_distributed and the run dir
+    printed = {(f.parent.name, f.name): f.read_text() for f in logs.rglob("attempt_0/*/std*.log")}
+    assert printed == {("0", "stdout.log"): "", ("1", "stdout.log"): "", ("1", "stderr.log"): "",
+                       ("0", "stderr.log"): f"error: trainer.grad_accum_steps must be > 0, got 0\n"}, printed
+    # The first worker to end exited with the documented code (torchrun may stop the other before it ends), and
+    # a mistake leaves no traceback in torchrun's error file.
     summary = result.stdout[result.stdout.index("Root Cause"):]
-    assert "error_file: <N/A>" not in summary and "To enable traceback" not in summary
-    assert "trainer.grad_accum_steps must be > 0" in summary
+    assert f"exitcode  : {USER_ERROR_EXIT_CODE} " in summary and "error_file: <N/A>" in summary, summary
 
 
 @pytest.mark.slow
@@ -48,6 +55,10 @@ def test_two_process_syncbn_run_with_accumulation_checkpoints_and_resume(tmp_pat
     first = launch(2, job)
     assert first.returncode == 0, first.stdout[-4000:]
     assert f"TensorBoard logs are in {run_dir / 'tensorboard'}" in first.stdout
+    # The run's summary (src/commands/run_summary.py), once: the best checkpoint it names is there.
+    assert first.stdout.count("run finished in ") == 1 and "24 optimizer steps, 2 epoch(s)" in first.stdout
+    best = next(line for line in first.stdout.splitlines() if line.startswith("  best top1 "))
+    assert Path(best.rsplit(": ", 1)[1]).is_file() and f"evaluate.py ckpt={run_dir}/checkpoints/best_" in first.stdout
     # One run dir: Hydra's config once (rank 0), a log per rank, events and checkpoints from rank 0.
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "checkpoints", "logs", "metrics.jsonl",
                                                           "tensorboard"]

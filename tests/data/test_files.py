@@ -12,6 +12,7 @@ from torchvision import datasets
 
 from src.data import DataConfig
 from src.config import data_config
+from src.errors import UserError
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
 from tests.data.fake_cifar10 import write_fake_cifar10
 
@@ -48,7 +49,7 @@ def test_cifar_missing_offline_says_where(tmp_path: Path, name: str, folder: str
 
 def test_cifar_corrupt_files_say_what_to_do(tmp_path: Path) -> None:
     write_fake_cifar10(tmp_path)  # real torchvision checksums: these files do not match them
-    with pytest.raises(RuntimeError, match="checksum"):
+    with pytest.raises(UserError, match="checksum"):
         build_datasets(data_config(name="cifar10", root=str(tmp_path)), seed=0)
 
 

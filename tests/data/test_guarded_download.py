@@ -40,9 +40,10 @@ def test_guarded_loading_on_two_processes(tmp_path: Path) -> None:
     lists = write_fake_cifar10(tmp_path / "present")
     results = run_on_ranks(2, _build_both, str(tmp_path / "absent"), str(tmp_path / "present"), lists)
     (kind0, msg0), (kind1, msg1) = results[0][0], results[1][0]
-    assert kind0 == "FileNotFoundError" and "cifar-10-batches-py" in msg0 and "data.download=true" in msg0
-    # The waiting rank does not hang at the barrier: it raises, naming local rank 0's error.
-    assert kind1 == "RuntimeError" and "FileNotFoundError" in msg1 and "cifar-10-batches-py" in msg1
+    assert kind0 == "MissingFileError" and "cifar-10-batches-py" in msg0 and "data.download=true" in msg0
+    # The waiting rank does not hang at the barrier: it raises local rank 0's mistake, the same message (printed
+    # once: src/commands/user_errors.py).
+    assert kind1 == "UserError" and msg1 == msg0
     (n0, v0, l0), (n1, v1, l1) = results[0][1], results[1][1]
     assert (n0, v0) == (n1, v1) == (20, 4)
     assert len(l0) == len(l1) == 2

@@ -21,24 +21,29 @@ TINY = [
 ]
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
+def _env(full_error: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                             "MASTER_ADDR", "MASTER_PORT", "HYDRA_FULL_ERROR"}}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **({"HYDRA_FULL_ERROR": "1"} if full_error else {}))
     return env
 
 
 def launch(nproc: int, overrides: list[str], timeout: float = TIMEOUT_S, script: str = "train.py",
-           cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=nproc script overrides` (plain `python script` for 0), in `cwd`."""
+           cwd: Path = REPO, *, full_error: bool = True, torchrun_args: tuple[str, ...] = ()
+           ) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=nproc script overrides` (plain `python script` for 0), in `cwd`.
+
+    full_error: HYDRA_FULL_ERROR=1, so that any failure shows its traceback (a user's mistake too); False runs as
+    users do, where a mistake is one message. torchrun_args: more of torchrun's own options.
+    """
     script_path = str(REPO / script)
     if nproc == 0:
         argv = [sys.executable, script_path, *overrides]
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                script_path, *overrides]
+                *torchrun_args, script_path, *overrides]
     # Own session, so a timeout kills exactly this job's processes (agent and workers).
-    proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, cwd=cwd, env=_env(full_error), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

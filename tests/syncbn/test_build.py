@@ -9,10 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -167,7 +170,7 @@ def test_missing_compiler_is_a_clear_error(tmp_path):
         cwd=REPO, env={**env_clean, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
         timeout=TIMEOUT_S)
     assert out.returncode != 0
-    assert "ExtensionBuildError" in out.stderr and "needs a C++ compiler" in out.stderr, out.stderr
+    assert "MissingBuildTool" in out.stderr and "needs a C++ compiler" in out.stderr, out.stderr
     assert "apt-get install g++" in out.stderr, out.stderr
 
 
@@ -229,6 +232,41 @@ def test_concurrent_loads_build_once(tmp_path):
     infos = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
     assert [i["answer"] for i in infos] == [42, 42]
     assert sorted(i["compiled"] for i in infos) == [False, True]  # exactly one process compiled
+    # The one that compiled said what, why and where, then ninja's steps as they ended; the other said nothing
+    # of a build (it may have waited for it, which it says: test_a_process_waiting_for_a_build_says_whom_for).
+    built, loaded = (r.stderr for _, r in sorted(zip([i["compiled"] for i in infos], results), reverse=True))
+    assert "Compiling the SyncBN C++ kernels (default CPU code): their first use on this machine." in built, built
+    assert f"the result is cached in {tmp_path / 'cache' / 'syncbn_test_tiny'}" in built
+    assert re.search(r"\[1/2\] compiled tiny\.cpp \(\d+ s\)\n.*\[2/2\] linked syncbn_test_tiny\.so", built), built
+    assert "SyncBN kernels built in" in built and "Compiling" not in loaded and "[1/2]" not in loaded, loaded
+
+
+def test_a_process_waiting_for_a_build_says_whom_for(tmp_path, capsys, monkeypatch):
+    """While another process holds a variant's lock (here: this test, as far as flock can tell), a loader says so
+    once, then waits; it takes the finished build when the lock is free."""
+    spec = extension.BuildSpec(name="syncbn_test_wait", build_dir=tmp_path / "syncbn_test_wait", sources=(),
+                               cflags=(), cuda_cflags=(), ldflags=(), with_cuda=False, cpu_capability="default",
+                               cuda_arch_list=None)
+    spec.build_dir.mkdir()
+    monkeypatch.setattr(extension, "_LAST_BUILD", {})
+    lock = tmp_path / "syncbn_test_wait.lock"
+    done = threading.Event()
+    with extension._NodeLock(lock, timeout_s=60):  # a builder: its pid is in the lock file
+        waiter = threading.Thread(target=lambda: (extension.build(spec, import_module=False), done.set()))
+        waiter.start()
+        said, deadline = "", time.monotonic() + 60
+        while "waiting for process" not in said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said += capsys.readouterr().err
+        spec.ok_marker.write_text("syncbn_test_wait\n")  # what the builder leaves when it is done
+        spec.library.write_bytes(b"")
+        assert not done.is_set()
+    waiter.join(timeout=60)
+    assert said == (f"waiting for process {os.getpid()}, which is building the SyncBN kernels syncbn_test_wait "
+                    f"(lock {lock})\n")
+    assert done.is_set() and extension.last_build_info()["compiled"] is False
+
+
 
 
 def test_failed_build_raises_on_every_process(tmp_path):

@@ -5,8 +5,9 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 
 from src.data.config import DataConfig
-from src.data.download import guarded, missing_download_message, resolve_root
+from src.data.download import explained_download, guarded, missing_download_message, resolve_root
 from src.data.registry import DATASETS, Splits
+from src.errors import MissingFileError, UserError
 
 
 @DATASETS.register("cifar100", task="classification", num_classes=100, download=True)
@@ -21,15 +22,16 @@ def build_cifar(cfg: DataConfig) -> Splits:
     def build() -> tuple[Dataset, Dataset]:
         missing = [f for f in files if not (folder / f).is_file()]
         if missing and not cfg.download:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 missing_download_message(cfg.name, folder, downloadable=True)
                 + f" (missing: {', '.join(missing)}; torchvision expects the python version of the batches)")
         try:
-            train = cls(str(root), train=True, download=cfg.download)
+            with explained_download(cfg.name, cls.url, root, folder):
+                train = cls(str(root), train=True, download=cfg.download)
             val = cls(str(root), train=False, download=False)
         except RuntimeError as exc:  # torchvision's MD5 check failed
-            raise RuntimeError(f"{cfg.name} files under {folder.resolve()} failed torchvision's checksum check "
-                               f"({exc}); delete the folder and set data.download=true, or restore the files") from exc
+            raise UserError(f"{cfg.name} files under {folder.resolve()} failed torchvision's checksum check "
+                            f"({exc}); delete the folder and set data.download=true, or restore the files") from exc
         return train, val
 
     train, val = guarded(build)

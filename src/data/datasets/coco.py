@@ -38,6 +38,7 @@ from src.data.image_files import load_rgb
 from src.data.registry import DATASETS, Splits
 from src.data.task_data import TaskData
 from src.data.transforms import to_image
+from src.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,8 @@ def build_coco(cfg: DataConfig, handling: Optional[TaskData] = None) -> Splits:
         images_dir, ann_file = root / split, annotation_path(root, split)
         require_dir(images_dir, f"coco images of split {split!r}", LAYOUT)
         if not ann_file.is_file():
-            raise FileNotFoundError(f"coco annotations of split {split!r} not found: expected the file "
-                                    f"{ann_file.resolve()} ({LAYOUT})")
+            raise MissingFileError(f"coco annotations of split {split!r} not found: expected the file "
+                                   f"{ann_file.resolve()} ({LAYOUT})")
         loaded[split] = images_dir, load_annotations(ann_file, images_dir, masks=masks)
     train, val = loaded[cfg.train_split][1], loaded[cfg.val_split][1]
     if val.categories != train.categories:

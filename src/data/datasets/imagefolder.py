@@ -25,6 +25,7 @@ from src.data.demo_folders import IMAGE_SIDE, JPEG_QUALITY, DemoFolder
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import IMAGE_EXTENSIONS, has_extension, is_hidden, load_rgb
 from src.data.registry import DATASETS, Splits
+from src.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ def _folder(split_dir: Path, classes: list[str], what: str, allow_empty: bool = 
     try:
         folder = ClassFolders(split_dir, classes, allow_empty=allow_empty)
     except FileNotFoundError as exc:  # torchvision: "Found no valid file for the classes ..."
-        raise FileNotFoundError(f"{what} split {split_dir.resolve()}: {exc}") from exc
+        raise MissingFileError(f"{what} split {split_dir.resolve()}: {exc}") from exc
     if len(folder) == 0:
-        raise FileNotFoundError(f"{what} split {split_dir.resolve()} holds no images "
-                                f"({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+        raise MissingFileError(f"{what} split {split_dir.resolve()} holds no images "
+                               f"({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     return folder

@@ -43,6 +43,7 @@ from src.data.samplers import ExactEvalSampler
 from src.data.segmentation.demo_folders import write_segment
 from src.data.segmentation.masks import IGNORE_INDEX
 from src.data.transforms import to_image
+from src.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ def pair_files(split_dir: Path, mask_suffix: str = "") -> list[tuple[Path, Path]
     require_dir(masks_dir, "segfolder masks", how)
     images = _by_key(list_files(images_dir, IMAGE_EXTENSIONS), images_dir, "")
     if not images:
-        raise FileNotFoundError(f"no images in {images_dir.resolve()} (looked for {', '.join(IMAGE_EXTENSIONS)}, "
-                                "in any case, also in sub-folders)")
+        raise MissingFileError(f"no images in {images_dir.resolve()} (looked for {', '.join(IMAGE_EXTENSIONS)}, "
+                               "in any case, also in sub-folders)")
     mask_files = list_files(masks_dir, IMAGE_EXTENSIONS)
     lossy = [m for m in mask_files if not has_extension(m, MASK_EXTENSIONS)]
     if lossy:
@@ -167,7 +168,7 @@ def class_names(cfg: DataConfig, root: Path, largest_value: int) -> tuple[list[s
         path = Path(os.path.expanduser(cfg.classes_file))
         path = path if path.is_absolute() else root / path
         if not path.is_file():
-            raise FileNotFoundError(f"data.classes_file={cfg.classes_file}: no file at {path.resolve()}")
+            raise MissingFileError(f"data.classes_file={cfg.classes_file}: no file at {path.resolve()}")
     elif (root / CLASSES_FILE).is_file():
         path = root / CLASSES_FILE
     if path is not None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from src.errors import MissingFileError, UserError
+
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,8 @@ def checkpoint_file(value: str | Path, key: str, hint: str = "") -> Path:
     """`value` (a config key's checkpoint path, `~` expanded) as an existing file, or an error naming `key`."""
     path = Path(str(value)).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{key}={value}: no such file; checkpoints are written to <run dir>/checkpoints/ "
-                                f"(last.pt and best_*.pt){hint}")
+        raise MissingFileError(f"{key}={value}: no such file; checkpoints are written to <run dir>/checkpoints/ "
+                               f"(last.pt and best_*.pt){hint}")
     return path
 
 
@@ -79,16 +81,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Load a checkpoint file (weights_only=True); a missing, truncated or foreign file is an error naming it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass an existing file "
-                                "(e.g. <run dir>/checkpoints/last.pt)")
+        raise MissingFileError(f"checkpoint {path} does not exist; pass an existing file "
+                               "(e.g. <run dir>/checkpoints/last.pt)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as err:
         # torch's own text for an UnpicklingError suggests weights_only=False, which is wrong advice here.
         why = "" if isinstance(err, pickle.UnpicklingError) else f" ({str(err).splitlines()[0][:200]})"
-        raise ValueError(f"checkpoint {path} cannot be read ({path.stat().st_size} bytes): it is truncated, "
-                         f"corrupt, or not a file this trainer wrote{why}. Use another checkpoint, e.g. a "
-                         "best_*.pt of the same run") from None
+        raise UserError(f"checkpoint {path} cannot be read ({path.stat().st_size} bytes): it is truncated, "
+                        f"corrupt, or not a file this trainer wrote{why}. Use another checkpoint, e.g. a "
+                        "best_*.pt of the same run") from None
 
 
 class CheckpointSaver:

@@ -42,6 +42,7 @@ from src import comm
 from src.config import RENAMED_GROUPS
 from src.engine.checkpoint.files import load_checkpoint
 from src.engine.seeding import capture_rng_state, restore_rng_state
+from src.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,12 @@ def upgrade(ckpt: dict[str, Any], source: str) -> dict[str, Any]:
     """`ckpt` in the current format: version 0 (no version key) gains it, renamed config keys get their new
     names (RENAMED_GROUPS); a newer version is an error."""
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
-        raise ValueError(f"{source} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
-                         "pass a file from <run dir>/checkpoints/")
+        raise UserError(f"{source} is not a SyncTrain checkpoint (no 'config'/'model' entries); "
+                        "pass a file from <run dir>/checkpoints/")
     version = int(ckpt.get("format_version", 0))
     if version > FORMAT_VERSION:
-        raise ValueError(f"{source} has checkpoint format {version}, newer than this code's {FORMAT_VERSION}: "
-                         "update SyncTrain to read it")
+        raise UserError(f"{source} has checkpoint format {version}, newer than this code's {FORMAT_VERSION}: "
+                        "update SyncTrain to read it")
     return {**ckpt, "format_version": FORMAT_VERSION, "config": _renamed_config_keys(ckpt["config"])}
 
 
@@ -176,8 +177,8 @@ def model_weights(ckpt: dict[str, Any], ema: bool, source: str) -> dict[str, tor
         return ckpt["model"]
     state = ckpt.get("ema")
     if not state:
-        raise ValueError(f"ema=true but {source} holds no EMA weights (it was trained with trainer.ema=false); "
-                         "drop ema=true to evaluate the trained weights")
+        raise UserError(f"ema=true but {source} holds no EMA weights (it was trained with trainer.ema=false); "
+                        "drop ema=true to evaluate the trained weights")
     # AveragedModel keys its copy as "module.<name>" and adds its step counter "n_averaged".
     return {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}
 
@@ -207,18 +208,44 @@ def stored_class_names(ckpt: dict[str, Any]) -> list[str]:
 
 def load_model_weights(model: nn.Module, weights: dict[str, torch.Tensor], stored: dict[str, Any],
                        current: dict[str, Any], source: str) -> None:
-    """Load checkpoint weights into `model` (strict); a mismatch names the stored and the current config."""
+    """Load checkpoint weights into `model` (strict); a mismatch names the settings that differ (UserError)."""
     try:
         model.load_state_dict(weights, strict=True)
-    except RuntimeError as err:  # other keys or shapes: another model, task or number of classes
-        detail = " ".join(str(err).split())
-        raise ValueError(f"the weights in {source} do not fit this model. The checkpoint was trained with "
-                         f"{_describe(stored)}; this run has {_describe(current)}. Use the checkpoint's "
-                         f"model and data settings, or another checkpoint. (PyTorch: {detail[:400]})") from None
+    except RuntimeError:  # other keys or shapes: another model, task or number of classes
+        raise UserError(f"the weights in {source} do not fit this model: {_mismatch(model, weights, stored, current)}"
+                        ". Use the checkpoint's settings (leave those overrides out), or another checkpoint") from None
 
 
-def _describe(cfg: dict[str, Any]) -> str:
-    model = cfg.get("model") or {}
+# Norms whose layers have BatchNorm's state_dict keys: a checkpoint moves freely between them.
+_BATCHNORM_LAYOUT = ("bn", "syncbn", "torch_syncbn")
+
+
+def _mismatch(model: nn.Module, weights: dict[str, torch.Tensor], stored: dict[str, Any],
+              current: dict[str, Any]) -> str:
+    """The settings that shape the weights and differ, each named once; else the tensors that differ."""
+    before, after = _weight_settings(stored), _weight_settings(current)
+    differ = [k for k in {**before, **after} if before.get(k) != after.get(k)]
+    if differ:
+        return (f"the checkpoint was trained with {', '.join(f'{k}={before.get(k)}' for k in differ)}; this run has "
+                f"{', '.join(f'{k}={after.get(k)}' for k in differ)}")
+    own = model.state_dict()
+    kinds = [("missing from the checkpoint", [k for k in own if k not in weights], ""),
+             ("not in this model", [k for k in weights if k not in own], ""),
+             ("of another shape", [k for k in own if k in weights and own[k].shape != weights[k].shape], "shape")]
+    parts = []
+    for label, keys, shape in kinds:
+        if keys:
+            first = keys[0]
+            example = (f"{first}: {tuple(weights[first].shape)} in the checkpoint, {tuple(own[first].shape)} here"
+                       if shape else first)
+            parts.append(f"{len(keys)} tensor(s) {label} (e.g. {example})")
+    return "the same settings, but " + "; ".join(parts)
+
+
+def _weight_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config values that decide a model's state_dict keys and shapes, flattened (model.*, norm, data)."""
+    model = {f"model.{k}": v for k, v in (cfg.get("model") or {}).items() if k not in _INIT_ONLY_KEYS}
+    norm = (cfg.get("norm") or {}).get("name")
     data = cfg.get("data") or {}
-    shown = ", ".join(f"model.{k}={v}" for k, v in model.items() if k not in _INIT_ONLY_KEYS)
-    return f"{shown}, data.name={data.get('name')}, data.num_classes={data.get('num_classes')}"
+    return {**model, "norm.name": "bn" if norm in _BATCHNORM_LAYOUT else norm, "data.name": data.get("name"),
+            "data.num_classes": data.get("num_classes")}

@@ -153,6 +153,7 @@ class Detection(Task):
     metrics = {"map": MAX, "map50": MAX, "map75": MAX}
     data = DETECTION_DATA
     predict_options = DetectionPredict
+    exportable = False  # export_output says why
 
     def validate(self, config: Any) -> None:
         """What the detection loop cannot do, refused before any process starts."""

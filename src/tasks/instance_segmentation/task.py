@@ -113,6 +113,7 @@ class InstanceSegmentation(Task):
     metrics = {"mask_map": MAX, "mask_map50": MAX, "box_map": MAX}
     data = INSTANCE_SEGMENTATION_DATA
     predict_options = InstanceSegmentationPredict
+    exportable = False  # export_output says why
 
     def validate(self, config: Any) -> None:
         """What the instance-segmentation loop cannot do, refused before any process starts."""

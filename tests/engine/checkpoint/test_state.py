@@ -13,6 +13,7 @@ from src.engine.amp import build_scaler
 from src.engine.ema import build_ema
 from src.engine.optim import build_optimizer, build_scheduler
 from src.engine.checkpoint.state import FORMAT_VERSION, Progress, TrainState, read_checkpoint
+from src.errors import UserError
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
 from tests.engine.legacy_checkpoint import write_format_v0
@@ -84,14 +85,17 @@ def test_state_dict_round_trip_restores_every_piece() -> None:
     assert torch.equal(dst.ema.n_averaged, src.ema.n_averaged)
 
 
-def test_a_checkpoint_of_another_model_names_both_configs() -> None:
+def test_a_checkpoint_of_another_model_names_what_differs_once() -> None:
     saved = _state("resnet20", 8).state_dict()
-    for name, classes in (("resnet32", 8), ("resnet20", 5)):
-        with pytest.raises(ValueError) as err:
+    for name, classes, differs, same in (("resnet32", 8, "model.name", "data.num_classes"),
+                                         ("resnet20", 5, "data.num_classes", "model.name")):
+        with pytest.raises(UserError) as err:
             _state(name, classes).load_state_dict(saved, source="old/last.pt")
         message = str(err.value)
-        assert "old/last.pt" in message and "model.name=resnet20" in message and f"model.name={name}" in message
-        assert "data.num_classes=8" in message and f"data.num_classes={classes}" in message
+        stored, current = (("resnet20", name) if differs == "model.name" else (8, classes))
+        assert message.startswith("the weights in old/last.pt do not fit this model: the checkpoint was trained "
+                                  f"with {differs}={stored}; this run has {differs}={current}."), message
+        assert same not in message and message.count(differs) == 2
 
 
 def test_unreadable_and_foreign_files_name_the_file(tmp_path: Path) -> None:
