@@ -13,13 +13,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from src.commands.run_dir import shown_path
+
 _TORCHRUN_MODULE = "torch.distributed.run"
 
 
 def continue_command(run_dir: Path) -> str:
     """The shell command that continues the run in `run_dir`, launched the way this process was."""
-    resume = shlex.quote(f"trainer.resume={_shown(run_dir)}")
-    script = _shown(Path(sys.argv[0])) if sys.argv and sys.argv[0] else "train.py"
+    resume = shlex.quote(f"trainer.resume={shown_path(run_dir)}")
+    script = shown_path(Path(sys.argv[0])) if sys.argv and sys.argv[0] else "train.py"
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return f"{_python()} {shlex.quote(script)} {resume}"
     nproc = os.environ.get("LOCAL_WORLD_SIZE", "1")
@@ -58,12 +60,3 @@ def _python() -> str:
 
 def _same_file(a: Optional[str], b: Optional[str]) -> bool:
     return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
-
-
-def _shown(path: Path) -> str:
-    """Relative to the working directory when below it, else absolute."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
