@@ -93,8 +93,8 @@ def _resume_source(resume: str, launch: HydraLaunch, own: Path) -> tuple[Optiona
         return None, None
     if resume == "auto":
         folder = RunFolder(own)
-        if folder.checkpoint is not None or folder.has_saved_config():
-            return folder, None
+        if folder.holds_run() and (folder.checkpoint is not None or folder.has_saved_config()):
+            return folder, None  # (a folder whose start failed before any output holds no run: a new one starts)
         if not launch.dir_given and launch_rank() == 0:
             _warn_fresh_default_folder(own)
         elif launch_rank() == 0:

@@ -102,7 +102,7 @@ def test_ctrl_c_then_the_printed_command_ends_bit_identical_to_the_uninterrupted
     assert momentum and all(torch.equal(a, b) for a, b in momentum)
 
 
-@pytest.mark.slow  # torchrun on 2 processes
+@pytest.mark.slow  # torchrun on 2 processes, twice
 def test_a_refused_new_run_and_a_refused_resume_leave_every_file_as_it_was(reference: Path) -> None:
     before = _hashes(reference)
     new = launch(2, [*JOB, f"hydra.run.dir={reference}"])
@@ -110,17 +110,26 @@ def test_a_refused_new_run_and_a_refused_resume_leave_every_file_as_it_was(refer
     assert _hashes(reference) == before
     elsewhere = reference.parent / "elsewhere"
     elsewhere.mkdir()
-    other_model = launch(0, [f"trainer.resume={reference}", "model=resnet32"], cwd=elsewhere)
+    other_model = launch(2, [f"trainer.resume={reference}", "model=resnet32"], cwd=elsewhere)
     assert other_model.returncode != 0
     assert "model.name: 'resnet20' (the run) -> 'resnet32' (command line)" in other_model.stdout
     assert _hashes(reference) == before  # .hydra/ included: the folder still says how its checkpoints were made
     assert list(elsewhere.iterdir()) == []  # nor is the outputs/<date_time> folder Hydra made for it left there
 
 
-def test_a_start_that_fails_after_the_process_group_leaves_no_new_folder(reference: Path, tmp_path: Path) -> None:
-    """The checkpoint check comes after the process group and the data: the folder Hydra made is gone anyway."""
+@pytest.mark.usefixtures("restores_process_state", "one_thread")  # run() in this process
+def test_a_start_that_fails_after_the_process_group_leaves_no_new_folder(trained_cls_run: Path, tmp_path: Path) -> None:
+    """The checkpoint is checked after the process group, the data and the model: still before the folder is made.
+    (A ResNet-20 checkpoint, a ResNet-32 model.)"""
+    from hydra import compose, initialize_config_dir
+
+    from src.commands.train import run
+
     new = tmp_path / "new"
-    result = launch(0, [*JOB, "model=resnet32", f"trainer.resume={reference / 'checkpoints' / 'last.pt'}",
-                        f"hydra.run.dir={new}"])
-    assert result.returncode != 0 and "do not fit this model" in result.stdout, result.stdout[-3000:]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("train", overrides=[*TINY, "model=resnet32", "norm=bn", f"hydra.run.dir={new}",
+                                          f"trainer.resume={trained_cls_run / 'checkpoints' / 'last.pt'}"],
+                      return_hydra_config=True)
+    with pytest.raises(ValueError, match="do not fit this model"):
+        run(cfg)
     assert not new.exists()
