@@ -48,14 +48,26 @@ class NewRunFolders(_Callback):  # type: ignore[misc]
 
 
 def _note_if_new(folder: Any) -> None:
-    if folder is not None and not Path(str(folder)).exists():
-        _NEW_ROOTS.add(Path(os.path.abspath(str(folder))))
+    """Remember the outermost folder of `folder`'s path that does not exist yet (Hydra makes the parents too)."""
+    if folder is None:
+        return
+    path = Path(os.path.abspath(str(folder)))
+    if path.exists():
+        return
+    while not path.parent.exists():
+        path = path.parent
+    _NEW_ROOTS.add(path)
+
+
+def _new_root(folder: Path) -> Optional[Path]:
+    """The folder Hydra created for this process that `folder` is (or is below), if any."""
+    folder = Path(os.path.abspath(folder))
+    return next((root for root in _NEW_ROOTS if folder == root or root in folder.parents), None)
 
 
 def made_by_this_launch(folder: Path) -> bool:
     """True when Hydra created `folder` for this process (it did not exist when the launch started)."""
-    folder = Path(os.path.abspath(folder))
-    return any(folder == root or root in folder.parents for root in _NEW_ROOTS)
+    return _new_root(folder) is not None
 
 
 @dataclass
@@ -91,14 +103,22 @@ def hydra_launch(cfg: Any) -> HydraLaunch:
 
 
 def discard_if_new(folder: Optional[Path]) -> None:
-    """Remove `folder` when Hydra created it for this launch and it is still empty (it is made again, once every
-    check has passed, by the rank that writes the run)."""
-    if folder is None or not made_by_this_launch(folder):
+    """Remove `folder`, and the parents Hydra made for it, when they are new to this launch and still empty (the run
+    folder is made again, once every check has passed, by the rank that writes the run)."""
+    root = _new_root(folder) if folder is not None else None
+    if root is None:
         return
-    try:
-        folder.rmdir()  # only an empty folder; a peer rank may have removed it already
-    except OSError:
-        pass
+    path = Path(os.path.abspath(folder))
+    while True:
+        try:
+            path.rmdir()  # only an empty folder; a peer rank may have removed it already
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # not empty: something else is in it
+        if path == root:
+            return
+        path = path.parent
 
 
 def agree_run_dir(own: Path) -> Path:
