@@ -57,7 +57,8 @@ def run_one(label: str, overrides: list[str], args: argparse.Namespace) -> dict:
     run_dir = Path(args.out) / label.replace("=", "_")  # Hydra's override grammar rejects '=' in a value
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
             "train.py", RECIPE, f"trainer.epochs={args.epochs}", "trainer.log_every=1", "trainer.progress_bar=false",
-            "trainer.tensorboard=false", "device=cpu", *args.overrides, *overrides, f"hydra.run.dir={run_dir}"]
+            "trainer.tensorboard=false", "device=cpu", *args.overrides, *overrides, f"hydra.run.dir={run_dir}",
+            "trainer.overwrite=true"]  # measuring again into the same --out: the earlier run goes to previous/
     started = time.monotonic()
     with open(run_dir.with_suffix(".log"), "w") as log:
         subprocess.run(argv, cwd=REPO, env=_env(), check=True, stdout=log, stderr=subprocess.STDOUT)

@@ -89,7 +89,8 @@ class Run:
             f"data.photometric_spread={self.spread}", f"trainer.epochs={self.evals}", f"seed={self.seed}",
             f"trainer.log_every={max(per_eval // 5, 1)}", "trainer.progress_bar=false",
             "trainer.tensorboard=false", "trainer.num_threads=1", "device=cpu", *self.overrides,
-            f"hydra.run.dir={run_dir}",
+            # a run without done.json is trained again: its unfinished attempt goes to <run dir>/previous/
+            f"hydra.run.dir={run_dir}", "trainer.overwrite=true",
         ]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
                 "train.py", *overrides]

@@ -8,7 +8,6 @@ instead of hanging a job.
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -164,7 +163,10 @@ class TrainerConfig:
     checkpoint_every: int = 0
     keep_best: int = 1
     best_metric: str = "auto"
+    # none (a new run; refused in a folder that holds another run), auto (the run in hydra.run.dir, if any),
+    # a run folder (continues it with its saved config), or a checkpoint file (this config, from its state).
     resume: str = "none"
+    overwrite: bool = False  # a new run may replace the folder's old run, which is moved to <folder>/previous/
     deterministic: bool = False
     dist_timeout_s: float = 1800.0
     dist_init_timeout_s: float = 300.0
@@ -280,10 +282,6 @@ class TrainConfig:
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-# `${on_rank_zero:VALUE}`: VALUE in the process of global rank 0 (or without torchrun), else null. Hydra runs
-# in every torchrun process; conf/train.yaml uses this so that only rank 0 writes .hydra/ into the run dir.
-OmegaConf.register_new_resolver("on_rank_zero", lambda value: value if os.environ.get("RANK", "0") == "0" else None,
-                                replace=True)
 
 
 # Config groups renamed since runs were made with them: old name -> new name. The command line is checked

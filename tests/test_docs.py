@@ -108,6 +108,14 @@ def _prepare(command: DocCommand, cwd: Path, fixtures: dict[str, Path]) -> list[
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(fixtures[task], target)
             arg = f"ckpt={target.relative_to(cwd)}"
+        elif key == "trainer.resume" and value not in ("none", "auto") and "<" not in value:
+            run = fixtures["default"].parents[1]  # a run folder to continue, or (a .pt) one of its checkpoints
+            target = cwd / value
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.suffix == ".pt":
+                shutil.copy(fixtures["default"], target)
+            else:
+                shutil.copytree(run, target)
         elif key == "input" and not (cwd / value).exists():
             if Path(value).suffix:
                 (cwd / value).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,10 @@
-"""`train.py`'s body: validate -> device -> process group -> run dir -> data -> model -> state -> hooks -> train.
+"""`train.py`'s body: plan the start (run folder, config, resume) -> device -> process group -> data -> model ->
+state and checkpoint -> commit (the run folder is written from here on) -> trackers -> hooks -> train.
 
 Read top to bottom, `run` and `_train` are the whole recipe; each step is a call into a module that does
-one job. The loop is src/engine/trainer.py, the side jobs are hooks (src/engine/hooks.py).
+one job. Every check that can fail on the user's input (config, run folder, device, data, checkpoint) comes
+before the commit (src/commands/start.py): a failed start changes no file and leaves no new folder. The loop is
+src/engine/trainer.py, the side jobs are hooks (src/engine/hooks.py).
 """
 from __future__ import annotations
 
@@ -14,8 +17,12 @@ import torch
 from omegaconf import DictConfig
 
 from src import comm, process_group
-from src.config import TrainConfig, best_metric_of, config_dict, validate_config
+from src.config import TrainConfig, best_metric_of, config_dict
+from src.commands.continue_command import continue_command
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
+from src.commands.run_dir import agree_run_dir
+from src.commands.start import StartPlan, plan_start
+from src.commands.start_log import launch_rank, log_to_console
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader, close_loaders
 from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
@@ -29,12 +36,12 @@ from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, Sample
 from src.engine.norm_health import check_norm_health
 from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_groups
 from src.engine.optim import build_optimizer, build_scheduler, trainable
-from src.engine.preemption import PreemptionHook
+from src.engine.preemption import EXIT_INTERRUPTED, PreemptionHook
 from src.engine.precise_bn_hook import PreciseBNHook
-from src.commands.run_dir import resolve_run_dir, resume_checkpoint
 from src.commands.run_summary import print_run_summary
 from src.engine.cpu_threads import configure_threads
 from src.engine.seeding import configure_determinism, seed_everything
+from src.engine.checkpoint.schedule import refit_schedule
 from src.engine.checkpoint.state import TrainState, read_checkpoint
 from src.engine.trackers.build import build_sinks
 from src.engine.trackers.params import run_tags
@@ -43,7 +50,6 @@ from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.errors import UserError
-from src.logger import setup_logging
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.registry import MODELS
@@ -56,38 +62,35 @@ log = logging.getLogger("src.commands.train")
 def run(cfg: DictConfig | dict) -> dict[str, float]:
     """Train as configured; returns the last validation metrics (on every rank).
 
-    A stop requested with an exit code (e.g. by a preemption hook) raises SystemExit with that code
+    A stop requested with an exit code (a preemption signal: 75, Ctrl-C: 130) raises SystemExit with that code
     once logs, TensorBoard and the process group are closed.
     """
-    # Before any process group: a typo fails fast on every rank.
-    config = validate_config(cfg, world_size=process_group.launch_world_size())
+    log_to_console()  # into the run folder's log files only once the start has passed every check
+    try:
+        return _run(cfg)
+    except KeyboardInterrupt:  # Ctrl-C before training (during it, PreemptionHook stops at a step instead)
+        log.log(logging.WARNING if launch_rank() == 0 else logging.INFO,
+                "interrupted (Ctrl-C) before training started: no checkpoint was written")
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _run(cfg: DictConfig | dict) -> dict[str, float]:
+    # Before any process group: the config, and the run folder's refusals, fail fast on every rank.
+    plan = plan_start(cfg, world_size=process_group.launch_world_size())
+    config = plan.config
     device = process_group.select_device(config.device)
     threads = configure_threads(config.trainer.num_threads, comm.get_local_world_size()) if device.type == "cpu" else 0
     process_group.init_distributed(device, timeout_s=config.trainer.dist_timeout_s,
                           init_timeout_s=config.trainer.dist_init_timeout_s)
-    if config.trainer.dry_run:
-        try:
-            _dry_run(config, device)
-            return {}
-        finally:
-            process_group.destroy()
-    tracker: Optional[Tracker] = None
-    status = FAILED  # how the tracker runs end unless training gets to its end
     try:
-        run_dir = resolve_run_dir()
-        setup_logging(run_dir, comm.get_rank())
-        main = comm.is_main_process()
-        tracker = Tracker(run_dir, enabled=main,
-                          tensorboard=config.trainer.tensorboard and config.tracker.tensorboard is not None,
-                          sinks=build_sinks(config.tracker) if main else (), queue_size=config.tracker.queue_size,
-                          finish_timeout_s=config.tracker.finish_timeout_s,
-                          abort_timeout_s=config.tracker.abort_timeout_s)
+        run_dir = agree_run_dir(plan.run_dir)  # rank 0's folder (ranks may differ by a second in the default)
+        if config.trainer.dry_run:
+            _dry_run(config, device, run_dir)
+            return {}
         log.info("run dir %s | %d process(es) on %s | %s CPU threads each", run_dir, comm.get_world_size(),
                  device, threads or "-")
-        if tracker.writer is not None:
-            log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
         try:
-            exit_code, metrics = _train(config, device, run_dir, tracker)
+            exit_code, metrics = _train(config, device, run_dir, plan)
         except RuntimeError as err:
             failure = compile_failure(err, config) if config.trainer.compile else None
             if failure is not None:
@@ -100,11 +103,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
                 "another rank died, hung or stalled (see its log). If steps or evaluations are legitimately "
                 "that slow, raise trainer.dist_timeout_s. Checkpoints already written are intact."
             ) from err
-        comm.barrier()  # every rank is past its last collective before any of them tears the groups down
-        tracker.flush()
-        status = KILLED if exit_code is not None else FINISHED
     finally:
-        _close(tracker, status)
         process_group.destroy()
     if exit_code is not None:
         raise SystemExit(exit_code)
@@ -113,7 +112,7 @@ def run(cfg: DictConfig | dict) -> dict[str, float]:
 
 
 def _train(config: TrainConfig, device: torch.device, run_dir: Path,
-           tracker: Tracker) -> tuple[Optional[int], dict[str, float]]:
+           plan: StartPlan) -> tuple[Optional[int], dict[str, float]]:
     """Build the data and its loaders, then train (_fit); returns the exit code a stop asked for and the last
     metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
@@ -126,14 +125,14 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
                                       collate=task.data.collate)
     val_loader = build_eval_loader(data.val, config.data, rank, world, collate=task.data.collate)
     try:
-        return _fit(config, device, run_dir, tracker, task, data, train_loader, val_loader)
+        return _fit(config, device, run_dir, plan, task, data, train_loader, val_loader)
     finally:  # the loader workers end here, also when training failed (src/data/closable_loader.py says why)
         close_loaders(train_loader, val_loader)
 
 
-def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Tracker, task: Task, data: DataBundle,
+def _fit(config: TrainConfig, device: torch.device, run_dir: Path, plan: StartPlan, task: Task, data: DataBundle,
          train_loader: Any, val_loader: Any) -> tuple[Optional[int], dict[str, float]]:
-    """Model, TrainState, resume, hooks, the Trainer; train it.
+    """Model, TrainState, resume; the commit; trackers, hooks, the Trainer; train it.
 
     Returns no model, trainer or state: the process group is torn down next, and a group's threads end
     with the last reference to it (DDP holds one), while the interpreter is whole, not during its shutdown.
@@ -144,23 +143,41 @@ def _fit(config: TrainConfig, device: torch.device, run_dir: Path, tracker: Trac
     module = wrap_model(model, settings, device)
     state = _build_state(config, model, len(train_loader), device)
     state.class_names = list(data.class_names)  # stored in checkpoints: predict.py names its classes
-    resumed = _resume(state, settings.resume, run_dir)
-    if tracker.background is not None:  # the tracker runs open now: a resume continues the checkpoint's
-        tracker.start(RunInfo(run_dir, state.config, run_tags(state.config, world), resumed), state.trackers)
-    check_norm_health(model, "start", strict=True)
+    resumed = _resume(state, plan.checkpoint, partial(_build_schedule, config, len(train_loader)))
+    plan.commit(run_dir)  # every check passed on every rank: from here on the run folder is written
 
-    module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
+    main = comm.is_main_process()
+    tracker = Tracker(run_dir, enabled=main,
+                      tensorboard=config.trainer.tensorboard and config.tracker.tensorboard is not None,
+                      sinks=build_sinks(config.tracker) if main else (), queue_size=config.tracker.queue_size,
+                      finish_timeout_s=config.tracker.finish_timeout_s,
+                      abort_timeout_s=config.tracker.abort_timeout_s, resume_point=plan.resume_point)
+    status = FAILED  # how the tracker runs end unless training gets to its end
+    try:
+        if tracker.writer is not None:
+            log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", tracker.tb_dir, tracker.tb_dir)
+        if tracker.background is not None:  # the tracker runs open now: a resume continues the checkpoint's
+            tracker.start(RunInfo(run_dir, state.config, run_tags(state.config, world), resumed,
+                                  resume_point=plan.resume_point), state.trackers)
+        check_norm_health(model, "start", strict=True)
 
-    trainer = Trainer(state, module, train_loader, task.loss(options), settings, device,
-                      hooks=build_hooks(config, task, data, val_loader, tracker, device),
-                      saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
-                                            higher_is_better=task.higher_is_better(best_metric_of(config))),
-                      mix=task.batch_mix(options, data.num_classes), eval_module=eval_module,
-                      buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
-    trainer.train()
-    if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
-        tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
-    return trainer.exit_code, state.metrics  # the final evaluation's (training always ends with one)
+        module, eval_module = compile_modules(module, model, settings)  # trainer.compile (else unchanged)
+
+        trainer = Trainer(state, module, train_loader, task.loss(options), settings, device,
+                          hooks=build_hooks(config, task, data, val_loader, tracker, device, continue_command(run_dir)),
+                          saver=CheckpointSaver(run_dir, best_metric_of(config), settings.keep_best,
+                                                higher_is_better=task.higher_is_better(best_metric_of(config))),
+                          mix=task.batch_mix(options, data.num_classes), eval_module=eval_module,
+                          buffer_sync=buffer_sync_mode(config), device_transform=data.device_transform, task=task)
+        trainer.train()
+        if state.best:  # tracker.mlflow.log_best_checkpoint: the best-k best, once training has ended
+            tracker.log_artifact(checkpoint_dir(run_dir) / state.best[0][1])
+        comm.barrier()  # every rank is past its last collective before any of them tears the groups down
+        tracker.flush()
+        status = KILLED if trainer.exit_code is not None else FINISHED
+        return trainer.exit_code, state.metrics  # the final evaluation's (training always ends with one)
+    finally:
+        _close(tracker, status)
 
 
 def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> torch.nn.Module:
@@ -178,10 +195,9 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     return model
 
 
-def _dry_run(config: TrainConfig, device: torch.device) -> None:
-    """trainer.dry_run: build data, model and its wrapping as training does, one training-mode forward, summary."""
-    run_dir = resolve_run_dir()  # the same collective as a real run; nothing is written into it
-    setup_logging(None, comm.get_rank())  # console only: no log files in the run dir
+def _dry_run(config: TrainConfig, device: torch.device, run_dir: Path) -> None:
+    """trainer.dry_run: build data, model and its wrapping as training does, one training-mode forward, summary.
+    Nothing is written: the run folder is not made."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
     task = config.task
@@ -243,13 +259,28 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
              "accumulation; %d optimizer steps/epoch, %d in total", config.task.name, config.model.name,
              config.norm.name, trainable(model.parameters()) / 1e6, effective_batch, world, config.data.batch_size,
              settings.grad_accum_steps, steps_per_epoch, total_steps)
-    return TrainState(model, optimizer, build_scheduler(optimizer, config.sched, steps_per_epoch, total_steps),
+    return TrainState(model, optimizer, _build_schedule(config, micro_batches, optimizer),
                       build_scaler(settings.amp, device), build_ema(model, settings.ema_decay) if settings.ema else None,
                       config=config_dict(config))
 
 
+def _schedule_length(trainer: Any) -> tuple[Any, Any]:
+    """What the LR schedule's length comes from (with the data and the world size, which a resume keeps)."""
+    get = trainer.get if isinstance(trainer, dict) else partial(getattr, trainer)
+    return get("epochs"), get("max_steps")
+
+
+def _build_schedule(config: TrainConfig, micro_batches: int, optimizer: torch.optim.Optimizer) -> Any:
+    """The LR schedule, fitted to min(epochs, max_steps) optimizer steps."""
+    steps_per_epoch = optimizer_steps_per_epoch(micro_batches, config.trainer.grad_accum_steps)
+    total_steps = steps_per_epoch * config.trainer.epochs
+    if config.trainer.max_steps is not None:
+        total_steps = min(total_steps, config.trainer.max_steps)
+    return build_scheduler(optimizer, config.sched, steps_per_epoch, total_steps)
+
+
 def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: Any, tracker: Tracker,
-                device: torch.device) -> list[Hook]:
+                device: torch.device, continue_with: str = "") -> list[Hook]:
     """The side jobs of a run, in the order they run (evaluation before the checkpoint that records it)."""
     settings = config.trainer
     evaluate_fn = partial(_evaluate, val_loader=val_loader, task=task, data=data, device=device, amp=settings.amp,
@@ -268,21 +299,26 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
     if settings.compile:
         hooks.append(CompileReport())
     # Last: it sees the step's or the epoch's checkpoint already requested or written.
-    hooks.append(PreemptionHook(settings.preempt_signals, loaders=[val_loader]))
+    hooks.append(PreemptionHook(settings.preempt_signals, loaders=[val_loader], continue_command=continue_with))
     return hooks
 
 
-def _resume(state: TrainState, resume: str, run_dir: Path) -> bool:
-    """Load trainer.resume's checkpoint into `state` (nothing for resume=none or a run with no checkpoint yet).
+def _resume(state: TrainState, checkpoint: Optional[Path], build_schedule: Any) -> bool:
+    """Load the start's checkpoint into `state` (nothing for a new run); returns whether one was loaded.
 
-    Returns whether a checkpoint was loaded.
+    A resume with another length (trainer.epochs, trainer.max_steps) gets the LR schedule of that length, replayed
+    to the checkpoint's step (src/engine/checkpoint/schedule.py).
     """
-    path = resume_checkpoint(resume, run_dir)
-    if path is None:
+    if checkpoint is None:
         return False
-    state.load_state_dict(read_checkpoint(path), source=str(path))
+    ckpt = read_checkpoint(checkpoint)
+    state.load_state_dict(ckpt, source=str(checkpoint))
     p = state.progress
-    log.info("resumed from %s at epoch %d, step %d, micro-batch %d", path, p.epoch, p.step, p.micro_batch)
+    if _schedule_length(ckpt["config"].get("trainer") or {}) != _schedule_length(state.config["trainer"]):
+        state.scheduler = refit_schedule(state.optimizer, build_schedule, p.step)
+        log.info("the run's length changed: LR schedule fitted to it (lr now %.4g at step %d)",
+                 state.optimizer.param_groups[0]["lr"], p.step)
+    log.info("resumed from %s at epoch %d, step %d, micro-batch %d", checkpoint, p.epoch, p.step, p.micro_batch)
     return True
 
 

@@ -120,7 +120,11 @@ def build_train_loader(dataset: Dataset, data_cfg: Any, rank: int, world_size: i
     # (stacked unless the task's samples do not stack, e.g. detection's lists of boxes).
     own = getattr(dataset, "collate_fn", None)
     batches = partial(_collate_with, own) if own is not None else collate or collate_stacked
-    return ClosableLoader(IndexedDataset(dataset), batch_sampler=sampler, collate_fn=batches, **_loader_kwargs(cfg))
+    # Its own generator: every new iterator draws its workers' base seed from the loader's generator, which would
+    # otherwise be the global one, so a run resumed mid-epoch (one more iterator than the uninterrupted run made at
+    # that point) would shift the RNG that MixUp and dropout draw from after a checkpoint restored it.
+    return ClosableLoader(IndexedDataset(dataset), batch_sampler=sampler, collate_fn=batches,
+                          generator=torch.Generator().manual_seed(seed), **_loader_kwargs(cfg))
 
 
 def _collate_with(collate_pairs: Any, samples: list) -> Batch:

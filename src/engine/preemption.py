@@ -9,11 +9,19 @@ every rank calls `stop_requested()`, one small collective, so all ranks stop aft
 even when the signal reached only some of them, or reached them at different steps.
 `PreemptionHook` does that inside the Trainer: last.pt is written, the run ends, and train.py exits
 with EXIT_PREEMPTED; `trainer.resume=auto` continues exactly from there.
+
+Ctrl-C (SIGINT) is always handled the same way while training, whatever trainer.preempt_signals says: the
+first one is acknowledged at once on rank 0's console and stops every rank after the step under way, with
+last.pt written and one line that names the step, the checkpoint and the command that continues the run;
+the exit code is then EXIT_INTERRUPTED. A second SIGINT ends the process at once (a checkpoint being written
+stays the previous one: writes are atomic). Under torchrun the terminal's SIGINT reaches only torchrun, which
+passes it to the workers once: a second Ctrl-C ends torchrun, while the workers still finish and save.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import threading
 import time
@@ -29,19 +37,30 @@ log = logging.getLogger(__name__)
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the run stopped on
 # purpose with its state saved, and running the same command again (trainer.resume=auto) continues it.
 EXIT_PREEMPTED = 75
+# 128 + SIGINT: what a shell reports for a program Ctrl-C ended; here after last.pt was written.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+_ACKNOWLEDGED = (b"\nCtrl-C: finishing this step, then saving a checkpoint (press Ctrl-C again to quit at once, "
+                 b"without saving)\n")
 
 class Preemption:
     """Catches the configured signals while installed and decides, with the other ranks, when to stop.
 
     Use as a context manager around training; the previous handlers come back on exit. With no
     signals configured it catches nothing and `stop_requested()` is False without communicating.
+    `interrupt=True` also handles SIGINT as Ctrl-C (see the module's docstring); `announce` prints its
+    acknowledgement (rank 0).
     """
 
-    def __init__(self, signals: Sequence[str | signal.Signals]) -> None:
-        self.signals = parse_signals([s.name if isinstance(s, signal.Signals) else s for s in signals])
+    def __init__(self, signals: Sequence[str | signal.Signals], interrupt: bool = False,
+                 announce: bool = False) -> None:
+        names = [s.name if isinstance(s, signal.Signals) else s for s in signals]
+        self.signals = parse_signals([*names, "SIGINT"] if interrupt else names)
+        self.interrupt, self.announce = interrupt, announce
+        self.interrupts = 0  # SIGINTs received (interrupt=True)
         self.received: Optional[str] = None  # name of the first signal this process got
         self.received_at: Optional[float] = None
         self._agreed: Optional[str] = None
+        self.interrupted = False  # the ranks stopped for a Ctrl-C (any rank's): set by stop_requested()
         self._replaced: dict[signal.Signals, Any] = {}  # the handlers install() replaced (kept for pass_on)
 
     def install(self) -> "Preemption":
@@ -76,7 +95,8 @@ class Preemption:
         of shutdown would kill the process; an ignored signal stays ignored until the process exits.
         """
         for sig in self._replaced:
-            signal.signal(sig, signal.SIG_IGN)
+            if not (sig == signal.SIGINT and self.interrupt):  # a second Ctrl-C still ends the process at once
+                signal.signal(sig, signal.SIG_IGN)
 
     def __enter__(self) -> "Preemption":
         return self.install()
@@ -87,6 +107,14 @@ class Preemption:
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         # Only record: this runs between two bytecodes of whatever the main thread does (a collective,
         # a checkpoint write, logging with its locks held), so it must not do any of that itself.
+        if signum == signal.SIGINT and self.interrupt:
+            self.interrupts += 1
+            if self.interrupts > 1:  # the second Ctrl-C: end now, as SIGINT's default action does
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            if self.announce:
+                os.write(2, _ACKNOWLEDGED)  # not logging: its locks may be held by the code interrupted
         if self.received is None:
             self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
 
@@ -102,13 +130,18 @@ class Preemption:
             return False
         if comm.any_rank(self.received is not None):
             self._agreed = self.received or "a signal on another rank"
-            log.warning("%s received: stopping after this optimizer step, on every rank", self._agreed)
+            # Once, at the stop: whether it is a Ctrl-C on any rank (then every rank exits as interrupted).
+            self.interrupted = self.interrupt and comm.any_rank(self.received == "SIGINT")
+            level = logging.DEBUG if self.interrupted else logging.WARNING  # Ctrl-C was acknowledged already
+            log.log(level, "%s received: stopping after this optimizer step, on every rank", self._agreed)
             return True
         return False
 
     @property
     def reason(self) -> str:
         """What the run is stopping for (after stop_requested() returned True)."""
+        if self.interrupted:
+            return "Ctrl-C (SIGINT)"
         return self._agreed or self.received or "no signal"
 
     def data_worker_init(self, chained: Optional[Callable[[int], None]] = None) -> Callable[[int], None]:
@@ -138,9 +171,11 @@ class PreemptionHook(Hook):
     besides the trainer's own (the validation loader) whose workers must survive the signal too.
     """
 
-    def __init__(self, signals: Sequence[str], loaders: Sequence[Any] = ()) -> None:
-        self.preemption = Preemption(signals)
+    def __init__(self, signals: Sequence[str], loaders: Sequence[Any] = (), continue_command: str = "") -> None:
+        """`continue_command`: the command that continues this run, for the line a Ctrl-C ends with."""
+        self.preemption = Preemption(signals, interrupt=True, announce=comm.is_main_process())
         self.loaders = list(loaders)
+        self.continue_command = continue_command
         self.stopped_after: Optional[int] = None
 
     def before_train(self, trainer: TrainerView) -> None:
@@ -183,6 +218,12 @@ class PreemptionHook(Hook):
             return
         self.preemption.ignore_until_exit()
         where = trainer.saver.dir if trainer.saver is not None else "the run directory"
+        if self.preemption.interrupted:  # one line on the console (rank 0); the other ranks' go to their logs
+            level = logging.WARNING if comm.is_main_process() else logging.INFO
+            log.log(level, "interrupted after step %d; checkpoint: %s; continue with: %s", self.stopped_after,
+                    _shown(where / "last.pt" if trainer.saver is not None else where),
+                    self.continue_command or "the same command with trainer.resume=<run folder>")
+            return
         log.warning("stopped on %s after optimizer step %d; last.pt in %s; run the same command with "
                     "trainer.resume=auto to continue (exit code %d)", self.preemption.reason,
                     self.stopped_after, where, EXIT_PREEMPTED)
@@ -190,4 +231,15 @@ class PreemptionHook(Hook):
 
     def _stop(self, trainer: TrainerView) -> None:
         self.stopped_after = trainer.state.progress.step
-        trainer.request_stop(f"{self.preemption.reason} (preemption)", exit_code=EXIT_PREEMPTED)
+        if self.preemption.interrupted:
+            trainer.request_stop(self.preemption.reason, exit_code=EXIT_INTERRUPTED)
+        else:
+            trainer.request_stop(f"{self.preemption.reason} (preemption)", exit_code=EXIT_PREEMPTED)
+
+
+def _shown(path: Any) -> str:
+    """`path` relative to the working directory when below it (as a user would type it)."""
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
+    except ValueError:
+        return str(path)

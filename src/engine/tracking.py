@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from src.engine.checkpoint.files import atomic_write_bytes
 from src.engine.trackers.background import BackgroundSinks
-from src.engine.trackers.sink import FINISHED, RunInfo, Sink
+from src.engine.trackers.sink import FINISHED, ResumePoint, RunInfo, Sink
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +26,28 @@ class Tracker:
     """Appends {split, epoch, step, **metrics, time} rows to metrics.jsonl and mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, sinks: Sequence[Sink] = (),
-                 queue_size: int = 10000, finish_timeout_s: float = 300.0, abort_timeout_s: float = 20.0) -> None:
+                 queue_size: int = 10000, finish_timeout_s: float = 300.0, abort_timeout_s: float = 20.0,
+                 resume_point: Optional[ResumePoint] = None) -> None:
+        """`resume_point`: a resumed run's checkpoint step; metrics.jsonl and TensorBoard continue from it (what an
+        interrupted attempt logged after it is dropped)."""
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tb_dir = Path(run_dir) / "tensorboard"
         self.writer: Optional[Any] = None
         self.finish_timeout_s, self.abort_timeout_s = finish_timeout_s, abort_timeout_s
+        if enabled and resume_point is not None:
+            dropped = keep_rows(self.path, resume_point)
+            if dropped:
+                log.info("metrics.jsonl: %d row(s) an interrupted attempt logged after step %d dropped; the run "
+                         "continues from there", dropped, resume_point.step)
         # MLflow / W&B / CSV, each behind its own queue and thread (rank 0 only; none when no such tracker is chosen).
         self.background = BackgroundSinks(sinks, queue_size) if enabled and sinks else None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.tb_dir))
+            # purge_step: TensorBoard hides the events of the earlier attempts from this step on (one curve each).
+            purge = resume_point.step + 1 if resume_point is not None else None
+            self.writer = SummaryWriter(log_dir=str(self.tb_dir), purge_step=purge)
 
     def start(self, info: RunInfo, runs: dict[str, dict[str, str]]) -> None:
         """Open the tracker runs (in the background); `runs` holds the previous runs' ids and receives the new."""
@@ -91,6 +102,25 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def keep_rows(path: Path, point: ResumePoint) -> int:
+    """Rewrite the metrics.jsonl at `path` (atomically) without the rows a resume from `point` replaces; returns
+    how many were dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the attempt died
+        if point.keeps(str(row.get("split")), int(row.get("step", 0))):
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        atomic_write_bytes("".join(kept).encode("utf-8"), path)
+    return len(lines) - len(kept)
 
 
 def _json_number(value: Any) -> Any:

@@ -129,8 +129,8 @@ def test_resume_auto_in_a_fresh_default_run_dir_says_it_starts_over_and_how_to_r
     says so loudly and names the newest earlier run with a checkpoint, instead of silently starting over."""
     result, outputs, _ = default_dir_run
     assert "WARNING" in result.stdout and "STARTS FROM SCRATCH" in result.stdout
-    assert "hydra.run.dir=<that run dir> trainer.resume=auto" in result.stdout
-    assert f"resume it with hydra.run.dir={outputs / EARLIER_RUN} trainer.resume=auto" in result.stdout
+    assert "trainer.resume=<run folder>" in result.stdout
+    assert f"The newest earlier run with a checkpoint is {outputs / EARLIER_RUN}: trainer.resume=" in result.stdout
     assert len(list(outputs.iterdir())) == 2  # the new run went to its own dir
 
 

@@ -195,3 +195,25 @@ def test_data_workers_survive_the_signal_with_data_worker_init() -> None:
     assert "data_worker_init batches 20" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     # What it prevents: without it the loader's workers die and take the epoch with them.
     assert "default failed: DataLoader worker" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+# Ctrl-C twice, as a terminal sends it: the first is acknowledged and recorded, the second ends the process at once.
+_CTRL_C_TWICE = r"""
+import os, signal, sys, time
+from src.engine.preemption import Preemption
+preemption = Preemption([], interrupt=True, announce=True).install()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.05)
+print("stop requested:", preemption.stop_requested(), preemption.reason, flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(5)
+print("still running", flush=True)
+"""
+
+
+def test_the_first_ctrl_c_asks_to_stop_and_the_second_ends_the_process_at_once() -> None:
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_TWICE], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "stop requested: True Ctrl-C (SIGINT)\n", proc.stdout + proc.stderr
+    assert proc.stderr.count("Ctrl-C: finishing this step, then saving a checkpoint") == 1
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+    assert proc.returncode == -signal.SIGINT  # ended by the signal itself, as the shell expects of Ctrl-C

@@ -17,7 +17,7 @@ from src.engine.trackers.csv_sink import CsvSink
 from src.engine.trackers.mlflow_sink import MlflowSink
 from src.engine.trackers.params import flatten_config
 from src.engine.trackers.records import read_records
-from src.engine.trackers.sink import KILLED, RunInfo
+from src.engine.trackers.sink import KILLED, ResumePoint, RunInfo
 from src.engine.tracking import Tracker, read_metrics
 
 
@@ -208,3 +208,42 @@ def test_csv_sink_widens_its_header_and_a_resume_appends(tmp_path: Path) -> None
 def test_flatten_config_joins_nested_keys_with_dots() -> None:
     assert flatten_config({"a": {"b": {"c": 1}, "d": []}, "e": None, "f": {}}) == {
         "a.b.c": "1", "a.d": "[]", "e": "null", "f": "{}"}
+
+
+def test_a_resume_drops_what_an_interrupted_attempt_logged_after_its_checkpoint(tmp_path: Path) -> None:
+    """metrics.jsonl, the CSV file and TensorBoard continue from the checkpoint's step: one value per step and
+    metric. The attempt logged steps 1-6 and val at 4 and 6, then died; its last.pt is step 4 (evaluated)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = Tracker(tmp_path, enabled=True, tensorboard=True, sinks=[CsvSink(CsvTrackerConfig())])
+    first.start(RunInfo(tmp_path, {}), {})
+    for step in range(1, 7):
+        first.log("train", 0, step, {"loss": float(step)})
+        if step in (4, 6):
+            first.log("val", 0, step, {"top1": float(step)})
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"split": "train", "ep')  # a row cut short by the kill
+
+    point = ResumePoint(step=4, evaluated=True)
+    again = Tracker(tmp_path, enabled=True, tensorboard=True, sinks=[CsvSink(CsvTrackerConfig())], resume_point=point)
+    again.start(RunInfo(tmp_path, {}, resumed=True, resume_point=point), {})
+    for step in (5, 6):
+        again.log("train", 0, step, {"loss": 10.0 * step})
+    again.log("val", 0, 6, {"top1": 60.0})
+    again.close()
+
+    expected = {"train": [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0), (6, 60.0)], "val": [(4, 4.0), (6, 60.0)]}
+    jsonl = read_metrics(tmp_path)
+    assert {s: [(r["step"], r.get("loss", r.get("top1"))) for r in jsonl if r["split"] == s] for s in expected} \
+        == expected
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["split"], int(r["step"])) for r in table] == [(r["split"], r["step"]) for r in jsonl]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == expected["train"]
+    assert [(e.step, e.value) for e in events.Scalars("val/top1")] == expected["val"]
+    # A checkpoint written before its step's evaluation (a step checkpoint at an epoch's end): that val row goes too,
+    # since the resumed run evaluates the step again.
+    assert not ResumePoint(4, evaluated=False).keeps("val", 4) and ResumePoint(4, evaluated=False).keeps("train", 4)

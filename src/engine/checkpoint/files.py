@@ -77,13 +77,22 @@ def serialize(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint file (weights_only=True); a missing, truncated or foreign file is an error naming it."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint file (weights_only=True); a missing, truncated or foreign file is an error naming it.
+
+    mmap=True maps the tensors' bytes instead of reading them (only what is used is read): a cheap look at a
+    checkpoint's config and progress.
+    """
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"checkpoint {path} does not exist; pass an existing file "
                                "(e.g. <run dir>/checkpoints/last.pt)")
     try:
+        if mmap:
+            try:
+                return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+            except RuntimeError:  # a file in torch's legacy (non-zip) format cannot be mapped: read it
+                pass
         return torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as err:
         # torch's own text for an UnpicklingError suggests weights_only=False, which is wrong advice here.

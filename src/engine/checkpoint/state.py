@@ -161,9 +161,10 @@ def _renamed_config_keys(config: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file in the current format (on the CPU); errors name the file."""
-    return upgrade(load_checkpoint(path, map_location="cpu"), str(path))
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint file in the current format (on the CPU); errors name the file. mmap=True: tensors mapped, not
+    read (a cheap look at its config and progress)."""
+    return upgrade(load_checkpoint(path, map_location="cpu", mmap=mmap), str(path))
 
 
 def stored_config(ckpt: dict[str, Any]) -> dict[str, Any]:

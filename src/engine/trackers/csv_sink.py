@@ -3,14 +3,15 @@
 Columns: split, epoch, step, time, then the metric names in the order they first appeared (train
 metrics, then val metrics). A row without a metric leaves it blank. When a new metric name shows up
 (the first val row, a resumed run with EMA switched on), the file is rewritten once with the wider
-header, so the file is always one valid table; a resumed run appends to it.
+header, so the file is always one valid table; a resumed run appends to it, after dropping the rows an interrupted
+attempt wrote past the checkpoint it resumes from.
 """
 from __future__ import annotations
 
 import csv
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from src.tracker_config import CsvTrackerConfig
 from src.engine.trackers.sink import RunInfo, numeric_metrics
@@ -34,6 +35,8 @@ class CsvSink:
         if self.path.exists() and self.path.stat().st_size:
             with open(self.path, newline="", encoding="utf-8") as f:
                 self.columns = next(csv.reader(f))
+            if info.resume_point is not None:  # rows an interrupted attempt wrote after the checkpoint go
+                self._rewrite(self.columns, keep=lambda row: info.resume_point.keeps(row["split"], int(row["step"])))
         return {"path": str(self.path)}
 
     def log(self, row: dict[str, Any]) -> None:
@@ -52,11 +55,11 @@ class CsvSink:
     def finish(self, status: str) -> None:
         """Nothing to close: every row is written when it arrives."""
 
-    def _rewrite(self, columns: list[str]) -> None:
+    def _rewrite(self, columns: list[str], keep: Callable[[dict[str, str]], bool] = lambda row: True) -> None:
         rows: list[dict[str, str]] = []
         if self.path.exists() and self.path.stat().st_size:
             with open(self.path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
+                rows = [row for row in csv.DictReader(f) if keep(row)]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, columns, restval="")

@@ -14,6 +14,23 @@ from typing import Any, Optional, Protocol
 FINISHED, KILLED, FAILED = "FINISHED", "KILLED", "FAILED"
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues: its checkpoint's step, and whether those weights were evaluated.
+
+    What an interrupted attempt logged after that step is not part of the run any more: its rows are dropped from
+    metrics.jsonl and the CSV file, its TensorBoard events purged, so every metric has one curve.
+    """
+
+    step: int
+    evaluated: bool  # the checkpoint holds the evaluation of its weights (their val row stays)
+
+    def keeps(self, split: str, step: int) -> bool:
+        """True for a row logged before the checkpoint was written (a val row of its step only if it was evaluated:
+        otherwise the resumed run evaluates that step again)."""
+        return step < self.step or (step == self.step and (split != "val" or self.evaluated))
+
+
 @dataclass
 class RunInfo:
     """What every tracker is told once, at the start: where the run lives, its config, its tags."""
@@ -22,6 +39,7 @@ class RunInfo:
     config: dict[str, Any]  # the resolved composed config, a plain dict (Hydra's own node left out)
     tags: dict[str, str] = field(default_factory=dict)  # world_size, norm, model, data, git_commit when known
     resumed: bool = False  # the run continues from a checkpoint: reopen the tracker runs it had
+    resume_point: Optional[ResumePoint] = None  # a resume's step: rows an interrupted attempt wrote after it go
 
 
 class Sink(Protocol):

@@ -67,9 +67,11 @@ def test_state_dict_round_trip_restores_every_piece() -> None:
     src.early_stop = {"metric": "top1", "best": 40.0, "best_step": 5, "bad_evaluations": 1, "stopped": False}
     saved = src.state_dict()
     assert saved["format_version"] == FORMAT_VERSION and saved["metrics"] == {"top1": 40.0}
+    drawn = torch.rand(4)  # what dropout or MixUp would draw next in the uninterrupted run
 
     dst = _state()
     dst.load_state_dict(saved)
+    assert torch.equal(torch.rand(4), drawn)  # the resumed run draws the same: the RNG states were restored
     assert dst.progress == Progress(1, 5, 2) and dst.best == [[40.0, "best.pt"]]
     assert dst.trackers == src.trackers and dst.early_stop == src.early_stop  # a resume continues both
     old = {k: v for k, v in saved.items() if k not in ("trackers", "early_stop")}  # written before they existed
