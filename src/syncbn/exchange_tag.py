@@ -17,15 +17,16 @@ The check is folded into the first all_reduce, with no host read and no branch o
 [c, i, c², i²] (c, i modulo M) to it; after it, rank r has the group's sums and compares them with W times its
 own. Σc = W·c_r and Σc² = W·c_r² together mean the group's mean of c is c_r and its variance 0, i.e. every rank
 sent c_r (the same for i): so every rank reaches the same verdict from the same sums, also at W > 2. All of it is
-integer arithmetic in float64, exact while W·M² <= 2^53 (`_modulus`); the all_gather exchange compares the rows'
+integer arithmetic in float64, exact while W·M² < 2^53 (`_modulus`); the all_gather exchange compares the rows'
 identities directly. A rank that disagrees sets its mean sums to NaN, so the step's mean, variance, output,
-gradients and running statistics are NaN on every rank of the group, and the layer keeps the first call at which
-that happened (`first_out_of_step`) for out_of_step.py to name it.
+gradients and running statistics are NaN on every rank of the group, and the layer keeps the identity of the first
+call at which that happened (`first_out_of_step`) for out_of_step.py to name it.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+
 import torch
 
 # Values the check adds to the first all_reduce ([c, i, c², i²]) and to each row of the all_gather ([c, i]).
@@ -35,14 +36,15 @@ GATHER_VALUES = 2
 
 class ExchangeTag:
     """A layer's exchange identity on one device: `identity` = [calls, index] (float64, exact integers) and
-    `first_out_of_step`, the call at which an exchange first found the group out of step (inf: never)."""
+    `first_out_of_step`, the identity of the call whose exchange first found the group out of step ([inf, inf]:
+    never)."""
 
     __slots__ = ("identity", "first_out_of_step", "_one_call")
 
     def __init__(self, device: torch.device, index: int) -> None:
         with _normal_tensors():
             self.identity = torch.tensor([0.0, float(index)], dtype=torch.float64, device=device)
-            self.first_out_of_step = torch.full((), math.inf, dtype=torch.float64, device=device)
+            self.first_out_of_step = torch.full((2,), math.inf, dtype=torch.float64, device=device)
             self._one_call = torch.tensor([1.0, 0.0], dtype=torch.float64, device=device)
         if device.type != "meta":
             _mark_static(self.identity, self.first_out_of_step)
@@ -105,11 +107,12 @@ def reduce_payload(identity: torch.Tensor, world_size: int, mean_sums: torch.Ten
 def checked_mean_sums(reduced: torch.Tensor, payload: torch.Tensor, world_size: int, identity: torch.Tensor,
                       first_out_of_step: torch.Tensor) -> torch.Tensor:
     """The group's [N, Σ n·mean] from the all-reduced payload, its Σ n·mean NaN when the ranks disagree."""
-    out_of_step = torch.sub(reduced[:REDUCE_VALUES], payload[:REDUCE_VALUES], alpha=world_size).any()
-    sums = reduced[REDUCE_VALUES:]
-    sums[1:].masked_fill_(out_of_step, math.nan)  # counts stay: the kernels check them, and nothing else needs NaN
+    # Over the whole payload (C + 5 values) and then the identity's part: one view fewer than slicing both first.
+    out_of_step = torch.sub(reduced, payload, alpha=world_size)[:REDUCE_VALUES].any()
+    # Σ n·mean only: the counts stay, the kernels check them (and NaN there would not reach the variance).
+    reduced[REDUCE_VALUES + 1:].masked_fill_(out_of_step, math.nan)
     _remember(first_out_of_step, identity, out_of_step)
-    return sums
+    return reduced[REDUCE_VALUES:]
 
 
 def gather_row(identity: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
@@ -128,5 +131,5 @@ def checked_rows(gathered: torch.Tensor, identity: torch.Tensor, first_out_of_st
 
 
 def _remember(first_out_of_step: torch.Tensor, identity: torch.Tensor, out_of_step: torch.Tensor) -> None:
-    # calls / True = calls, calls / False = inf (calls >= 1 here): fmin keeps the first call found out of step.
-    torch.fmin(first_out_of_step, identity[0] / out_of_step, out=first_out_of_step)
+    # identity / True = identity, identity / False = inf (calls >= 1 here): fmin keeps the first out-of-step call.
+    torch.fmin(first_out_of_step, identity / out_of_step, out=first_out_of_step)

@@ -199,7 +199,7 @@ def _global_statistics(
 
     exchange="all_reduce": two all_reduces of C+1 and C values; "all_gather": one all_gather of W rows of 2C+1.
     With `identity` (the layer's [calls, index], exchange_tag.py) the first collective also carries it: ranks that
-    disagree get NaN statistics, and `first_out_of_step` keeps the call at which that first happened.
+    disagree get NaN statistics, and `first_out_of_step` keeps the identity of the call at which that first happened.
     """
     local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
     acc_double = x.dtype == torch.float64
@@ -337,7 +337,7 @@ def sync_batch_norm(
     computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
     `exchange`: how the forward's statistics travel, "all_reduce" (two collectives, 2C+1 values in all) or
     "all_gather" (one, W(2C+1) values); both give the same merge.
-    `identity` ([calls, index], float64) and `first_out_of_step` (0-d float64, updated in place): the layer's
+    `identity` ([calls, index], float64) and `first_out_of_step` (the same shape, updated in place): the layer's
     exchange tag (exchange_tag.py); with them the exchange also checks that every rank is at the same call of the
     same layer, and makes the statistics NaN on every rank when not. SyncBatchNorm passes its own.
     """

@@ -55,7 +55,8 @@ def number_layers(module: nn.Module) -> int:
 def out_of_step_count(module: nn.Module) -> Optional[torch.Tensor]:
     """How many of `module`'s SyncBatchNorm layers found their ranks out of step, as a 0-d float64 tensor on the
     layers' device (no host read); None without such layers."""
-    flags = [layer._exchange_tag.first_out_of_step for _, layer in _layers(module) if layer._exchange_tag is not None]
+    flags = [layer._exchange_tag.first_out_of_step[0] for _, layer in _layers(module)
+             if layer._exchange_tag is not None]
     if not flags:
         return None
     device = flags[0].device
@@ -69,7 +70,7 @@ def out_of_step_layers(module: nn.Module) -> list[OutOfStep]:
     if not named:
         return []
     device = named[0][1].device
-    firsts = torch.stack([tag.first_out_of_step.to(device) for _, tag in named]).tolist()
+    firsts = torch.stack([tag.first_out_of_step[0].to(device) for _, tag in named]).tolist()
     found = [(call, order, name) for order, ((name, _), call) in enumerate(zip(named, firsts)) if call != float("inf")]
     return [OutOfStep(name, int(call)) for call, _, name in sorted(found)]
 
