@@ -63,7 +63,8 @@ def exact_moments(values: list[float]) -> tuple[Fraction, Fraction]:
     return mean, sum((x - mean) ** 2 for x in xs) / len(xs)
 
 
-def case_data(world: int, m: float, same_sign: bool, dtype: torch.dtype, per_rank: int, seed: int) -> list[torch.Tensor]:
+def case_data(world: int, m: float, same_sign: bool, dtype: torch.dtype, per_rank: int,
+              seed: int) -> list[torch.Tensor]:
     """Each rank's (n_r, CHANNELS) batch: mean +-m (alternating unless same_sign), std 1, n_r = per_rank + 17 r."""
     gen = torch.Generator().manual_seed(seed)
     return [((m if same_sign or r % 2 == 0 else -m)

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['shape']} | {r['checked_ms']:.3f} / {r['unchecked_ms']:.3f} | {r['ratio']:.3f} | "
               f"{r['cpu_checked_ms']:.3f} / {r['cpu_unchecked_ms']:.3f} | {r['cpu_ratio']:.3f} | "
-              f"{r['cpu_added_us']:.1f} | {r['ops']['checked']} / {r['ops']['unchecked']} | {r['host_reads_checked']} |")
+              f"{r['cpu_added_us']:.1f} | {r['ops']['checked']} / {r['ops']['unchecked']} | "
+              f"{r['host_reads_checked']} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"ops_alone": alone, "steps": rows}, indent=1))
     return 0

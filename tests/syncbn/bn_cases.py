@@ -3,10 +3,10 @@
 The parent builds each case (all ranks' data, upstream grads, parameters), the children run our layer
 on their slice (`run_cases`), the parent runs the float64 oracle (`oracle`) and `compare` checks
 forward output, input grad, weight/bias grads, running stats, num_batches_tracked, output layout and
-the collectives: two all_reduces per forward that bring each rank 2C+1 values in all (C+1, then C) and the 4 of the
-call's identity, whatever the world size, and no all_gather; one all_reduce of 2C values per backward. Grad convention checked: each rank's
-weight/bias grads are its local contributions, so their sum over the group equals the oracle's grads for the loss
-sum(y * g).
+the collectives: two all_reduces per forward that bring each rank 2C+1 values in all (C+1, then C) and the 4 of
+the call's identity, whatever the world size, and no all_gather; one all_reduce of 2C values per backward. Grad
+convention checked: each rank's weight/bias grads are its local contributions, so their sum over the group equals
+the oracle's grads for the loss sum(y * g).
 """
 from __future__ import annotations
 

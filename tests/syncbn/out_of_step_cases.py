@@ -125,7 +125,7 @@ def check_scenario(name: str, results: list[dict[str, Any]]) -> None:
             where = f"{name}, rank {rank}, step {step}"
             assert got["y_finite"] == (step not in bad_steps[rank]), f"{where}: output finite={got['y_finite']}"
             flagged = first_bad is not None and step >= first_bad
-            assert got["running_var_finite"] == (not flagged), f"{where}: running_var finite: {got['running_var_finite']}"
+            assert got["running_var_finite"] == (not flagged), f"{where}: running_var: {got['running_var_finite']}"
             if not flagged:
                 assert got["error"] is None, f"{where}: false positive: {got['error']}"
                 continue

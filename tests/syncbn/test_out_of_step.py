@@ -1,7 +1,7 @@
 """Ranks out of step are an error, not a wrong number: 2 real gloo ranks, float64 (scenarios: out_of_step_cases.py).
 
-Before the exchange carried the call's identity, every scenario below completed with finite, wrong statistics
-(outputs off by 0.1-0.5 against BatchNorm on the concatenated batch) and nothing said so. Now the step whose
+Before the exchange carried the call's identity, every scenario below completed with finite statistics merged from
+different calls, and nothing said so (with the check left out, these tests fail on a finite output). Now the step whose
 exchanges pair different calls gives NaN outputs and running statistics on *both* ranks, and `check_in_step`
 names the layer and the causes on both; the steps before stay finite and unflagged (no false positive, also for
 eval-mode forwards on one rank that no backward follows). The same with the all_gather exchange, and compiled
