@@ -52,7 +52,7 @@ class SyncBatchNorm(_BatchNorm):
     _checked_on: Optional[torch.device] = None  # the CUDA device whose self-check this layer has seen done
     # The identity its exchanges carry, so that ranks out of step are found (exchange_tag.py): the position among
     # its model's SyncBatchNorm layers (out_of_step.number_layers; 0: never numbered), and the tag that counts
-    # its calls (created on the layer's device; None until then).
+    # its calls (made in __init__, moved with the layer; None only in a layer pickled before tags existed).
     sync_layer_index: int = 0
     _exchange_tag: Optional[ExchangeTag] = None
 
