@@ -9,14 +9,22 @@ and the last checkpoint on disk keeps the last finite ones.
 With fp16's GradScaler a non-finite step is routine: the scaler skips it and lowers the loss scale. Such
 steps are allowed; the run stops only when every step since the previous check was non-finite (the
 scale can no longer rescue it) or when the weights themselves are no longer finite.
+
+SyncBatchNorm ranks out of step (src/syncbn/out_of_step.py) make their step's statistics NaN, and their layers
+remember it on the device: the same all_reduce carries how many layers did, and then the error is
+SyncBatchNormOutOfStepError naming the first layer and the likely causes instead of "diverged" (also with fp16,
+whose skipped steps would otherwise hide it).
 """
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
 import torch
+from torch import nn
 
 from src import comm
+from src.syncbn import SyncBatchNormOutOfStepError, out_of_step_count, out_of_step_layers
+from src.syncbn.out_of_step import out_of_step_message
 
 CAUSES = ("Usual causes: a learning rate too high for this batch size (optim.lr; with optim.reference_batch_size "
           "it is scaled by the effective batch), fp16 overflow (trainer.amp=fp16: try bf16, or "
@@ -30,8 +38,10 @@ class NonFiniteError(RuntimeError):
 class FiniteGuard:
     """Device-side record of non-finite steps since the last check; `check()` decides on every rank at once."""
 
-    def __init__(self, device: torch.device, skipped_steps_allowed: bool = False) -> None:
+    def __init__(self, device: torch.device, skipped_steps_allowed: bool = False,
+                 model: Optional[nn.Module] = None) -> None:
         self.device, self.skipped_steps_allowed = device, skipped_steps_allowed
+        self.model = model  # whose SyncBatchNorm layers may have found their ranks out of step
         self._reset()
 
     def _reset(self) -> None:
@@ -62,17 +72,31 @@ class FiniteGuard:
         (name -> tensor) is not finite (a collective). `context` (e.g. the current LR) joins the message."""
         tensors = [w.detach() for w in weights.values()]
         norm = torch.nn.utils.get_total_norm(tensors) if tensors else torch.zeros((), device=self.device)
+        out_of_step = out_of_step_count(self.model) if self.model is not None else None
         flags = torch.stack([self.bad_steps.double(), torch.full((), float(self.steps), dtype=torch.float64,
                                                                  device=self.device),
-                             (~torch.isfinite(norm)).to(device=self.device, dtype=torch.float64)])
+                             (~torch.isfinite(norm)).to(device=self.device, dtype=torch.float64),
+                             torch.zeros((), dtype=torch.float64, device=self.device) if out_of_step is None
+                             else out_of_step.to(self.device)])
         # One collective and one host sync for the whole check.
-        bad_steps, steps, bad_weights = comm.all_reduce(flags, "sum").tolist()
+        bad_steps, steps, bad_weights, layers_out_of_step = comm.all_reduce(flags, "sum").tolist()
+        if layers_out_of_step > 0:
+            raise SyncBatchNormOutOfStepError(_out_of_step_message(self.model, where))
         failed = bad_weights > 0 or (bad_steps > 0 and (not self.skipped_steps_allowed or bad_steps >= steps))
         if not failed:
             self._reset()
             return
         firsts = [row for row in comm.all_gather_tensor(self.first.reshape(1, 3).cpu()) if row[0, 0] >= 0]
         raise NonFiniteError(_message(firsts, int(bad_steps), int(steps), where, context, _first_bad(weights)))
+
+
+def _out_of_step_message(model: Optional[nn.Module], where: str) -> str:
+    """The out-of-step error: this rank's first such layer (or, if only another rank's group has one, that)."""
+    found = out_of_step_layers(model) if model is not None else []
+    head = (out_of_step_message(found) if found else
+            "SyncBatchNorm's ranks are out of step in another rank's group (its error names the layer).")
+    return (f"training stopped: {head} Detected {where}. Stopped before writing any checkpoint: "
+            "checkpoints/last.pt holds the weights from before it.")
 
 
 def _first_bad(weights: Mapping[str, torch.Tensor]) -> str:

@@ -70,7 +70,7 @@ class Trainer:
         self.exit_code: Optional[int] = None
         self._checkpoint_requested = False
         # fp16's GradScaler skips non-finite steps by design: those alone do not stop the run.
-        self.guard = FiniteGuard(device, skipped_steps_allowed=state.scaler.is_enabled())
+        self.guard = FiniteGuard(device, skipped_steps_allowed=state.scaler.is_enabled(), model=state.model)
         self._bar: Any = None
         self.started = time.perf_counter()
 

@@ -11,6 +11,8 @@ from .convert import UnconvertedBatchNormWarning, convert_sync_batchnorm, revert
 from .groups import create_rank_groups, create_stats_group, release_groups
 from .modules import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d
 from .norm_act import SyncBatchNormAct2d
+from .out_of_step import (SyncBatchNormOutOfStepError, check_in_step, number_layers, out_of_step_count,
+                          out_of_step_layers)
 from .sync_modes import configure_sync, set_optimizer_step
 
 __all__ = [
@@ -19,11 +21,16 @@ __all__ = [
     "SyncBatchNorm2d",
     "SyncBatchNorm3d",
     "SyncBatchNormAct2d",
+    "SyncBatchNormOutOfStepError",
     "UnconvertedBatchNormWarning",
+    "check_in_step",
     "configure_sync",
     "convert_sync_batchnorm",
     "create_rank_groups",
     "create_stats_group",
+    "number_layers",
+    "out_of_step_count",
+    "out_of_step_layers",
     "release_groups",
     "revert_sync_batchnorm",
     "set_optimizer_step",

@@ -21,6 +21,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .modules import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d
 from .norm_act import SyncBatchNormAct2d
+from .out_of_step import number_layers
 
 _TIMM_NORM_ACT = "timm.layers.norm_act"
 
@@ -106,7 +107,9 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Optional[Any] = Non
         if strict:
             raise TypeError(message + " (strict=True)")
         warnings.warn(message, UnconvertedBatchNormWarning, stacklevel=2)
-    return _convert(module, process_group, table)
+    converted = _convert(module, process_group, table)
+    number_layers(converted)  # each layer's position: the identity its exchanges carry (out_of_step.py)
+    return converted
 
 
 def _convert(module: nn.Module, process_group: Optional[Any], table: dict[type, type]) -> nn.Module:

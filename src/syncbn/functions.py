@@ -1,13 +1,16 @@
 """The SyncBN autograd Function: the maths of docs/syncbn.md and its collectives (two forward, one backward).
 
 Forward (training): local Welford stats [n, mean, M2] (batch_norm_stats) -> all_reduce of [n, n*mean] (C+1 values)
--> every rank holds the global count N and mean S/N -> all_reduce of M2 + n (mean_r - S/N)^2 (C values, every term
-non-negative: nothing cancels) -> the merged statistics and the running-statistics update, on the device ->
-normalise. That is Chan's merge of the ranks' [n, mean, M2] rows term for term, as an all_gather of the rows
-computes it, only summed by the collectives: as exact as the gather for every input, with no state kept between
-steps, 2C+1 values per rank and layer whatever the world size. Backward: local [sum dy, sum dy*xhat] -> one
-all_reduce -> dx. The kernels (csrc/ops.h) never branch on the device; neither does this file. A layer may ask for
-the gather instead (`exchange="all_gather"`: one collective of W(2C+1) values), for comparisons.
+and the call's identity (4 values, exchange_tag.py) -> every rank holds the global count N and mean S/N, and NaN in
+S when the ranks were not all at the same call of the same layer -> all_reduce of M2 + n (mean_r - S/N)^2 (C
+values, every term non-negative: this sum cannot cancel; S can, when rank means differ in sign, and its error is
+then relative to the spread, docs/syncbn.md) -> the merged statistics and the running-statistics update, on the
+device -> normalise. That is Chan's merge of the ranks' [n, mean, M2] rows term for term, as an all_gather of the
+rows computes it, only summed by the collectives: as exact as the gather for every input, with no state kept
+between steps but the layer's call count, 2C+5 values per rank and layer whatever the world size. Backward: local
+[sum dy, sum dy*xhat] -> one all_reduce -> dx. The kernels (csrc/ops.h) never branch on the device; neither does
+this file. A layer may ask for the gather instead (`exchange="all_gather"`: one collective of W(2C+3) values), for
+comparisons.
 
 torch.compile traces all of it (fullgraph): the kernels are dispatcher operators with fake implementations
 (fake_kernels.py), the two elementwise ones replaced while tracing by their aten form (fusable.py) so Inductor
@@ -26,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from . import collectives, fusable
+from . import collectives, exchange_tag, fusable
 from .fake_kernels import OP_NAMES, register_fakes
 from .recompute import ForwardStatistics
 
@@ -189,22 +192,35 @@ def _global_statistics(
     group_name: str,
     world_size: int,
     exchange: str = "all_reduce",
+    identity: Optional[torch.Tensor] = None,
+    first_out_of_step: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean, invstd, count) over the group, running stats updated; no host read (see the module docstring).
 
     exchange="all_reduce": two all_reduces of C+1 and C values; "all_gather": one all_gather of W rows of 2C+1.
+    With `identity` (the layer's [calls, index], exchange_tag.py) the first collective also carries it: ranks that
+    disagree get NaN statistics, and `first_out_of_step` keeps the identity of the call at which that first happened.
     """
     local = ops.batch_norm_stats(x)  # float64 [2C+1] = [n, mean, M2]
     acc_double = x.dtype == torch.float64
+    checked = world_size > 1 and identity is not None and first_out_of_step is not None
     if world_size > 1 and exchange == "all_reduce":
-        sums = collectives.all_reduce_stats(ops.batch_norm_mean_sums(local), group_name)  # [N, sum n*mean]
+        if checked:
+            payload = exchange_tag.reduce_payload(identity, world_size, ops.batch_norm_mean_sums(local))
+            reduced = collectives.all_reduce_stats(payload, group_name)
+            sums = exchange_tag.checked_mean_sums(reduced, payload, world_size, identity, first_out_of_step)
+        else:
+            sums = collectives.all_reduce_stats(ops.batch_norm_mean_sums(local), group_name)  # [N, sum n*mean]
         sums = _check_more_than_one_value(x.shape, sums, world_size)
         m2 = collectives.all_reduce_stats(ops.batch_norm_deviation_sums(local, sums), group_name)
         return ops.batch_norm_reduced_stats(
             sums, m2, running_mean, running_var, num_batches_tracked, momentum, eps, acc_double)
     if exchange not in EXCHANGES:
         raise ValueError(f"SyncBatchNorm exchange={exchange!r}: expected one of {EXCHANGES}")
-    if world_size > 1:
+    if checked:
+        gathered = collectives.all_gather_stats(exchange_tag.gather_row(identity, local), group_name, world_size)
+        gathered = exchange_tag.checked_rows(gathered, identity, first_out_of_step)
+    elif world_size > 1:
         gathered = collectives.all_gather_stats(local, group_name, world_size)
     else:
         gathered = local.view(1, -1)
@@ -233,6 +249,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         record: Optional[ForwardStatistics] = None,
         replay: Optional[ForwardStatistics] = None,
         exchange: str = "all_reduce",
+        identity: Optional[torch.Tensor] = None,
+        first_out_of_step: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         ops = kernel_ops()
         fmt = kernel_memory_format(input)
@@ -245,7 +263,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         else:
             mean, invstd, count = _global_statistics(
                 ops, x, running_mean, running_var, num_batches_tracked, momentum, eps, group_name, world_size,
-                exchange)
+                exchange, identity, first_out_of_step)
             if record is not None:
                 record.mean, record.invstd, record.count = mean, invstd, count
                 ctx.record = record  # the autograd node owns it: it lives exactly as long as the graph
@@ -292,7 +310,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 grad_input = fusable.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
             else:
                 grad_input = ops.batch_norm_backward_elemt(dy, x, mean, invstd, weight, reduced, count)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
+        return (grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None, None,
+                None)
 
 
 def sync_batch_norm(
@@ -309,6 +328,8 @@ def sync_batch_norm(
     record: Optional[ForwardStatistics] = None,
     replay: Optional[ForwardStatistics] = None,
     exchange: str = "all_reduce",
+    identity: Optional[torch.Tensor] = None,
+    first_out_of_step: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Training-mode batch norm over the named group; momentum < 0 means cumulative average (1/num_batches_tracked).
 
@@ -316,8 +337,11 @@ def sync_batch_norm(
     computing them (an activation-checkpoint recomputation: no collective, no running-statistics update).
     `exchange`: how the forward's statistics travel, "all_reduce" (two collectives, 2C+1 values in all) or
     "all_gather" (one, W(2C+1) values); both give the same merge.
+    `identity` ([calls, index], float64) and `first_out_of_step` (the same shape, updated in place): the layer's
+    exchange tag (exchange_tag.py); with them the exchange also checks that every rank is at the same call of the
+    same layer, and makes the statistics NaN on every rank when not. SyncBatchNorm passes its own.
     """
     return SyncBatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps, group_name,
-        world_size, record, replay, exchange,
+        world_size, record, replay, exchange, identity, first_out_of_step,
     )

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .collectives import resolve_group
+from .exchange_tag import ExchangeTag
 from .functions import sync_batch_norm
 from .recompute import ledger_of, recomputing
 from .selfcheck import check_first_use
@@ -49,6 +50,11 @@ class SyncBatchNorm(_BatchNorm):
     # world size) or "all_gather" (one collective of W(2C+1) values). The same merge either way.
     exchange: str = "all_reduce"
     _checked_on: Optional[torch.device] = None  # the CUDA device whose self-check this layer has seen done
+    # The identity its exchanges carry, so that ranks out of step are found (exchange_tag.py): the position among
+    # its model's SyncBatchNorm layers (out_of_step.number_layers; 0: never numbered), and the tag that counts
+    # its calls (made in __init__, moved with the layer; None only in a layer pickled before tags existed).
+    sync_layer_index: int = 0
+    _exchange_tag: Optional[ExchangeTag] = None
 
     def __init__(
         self,
@@ -69,6 +75,9 @@ class SyncBatchNorm(_BatchNorm):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
                          **({"bias": bias} if _BATCHNORM_TAKES_BIAS else {}))
         self.process_group = process_group
+        # Made now, on the layer's device, rather than in a first forward that torch.compile may be tracing.
+        own = self._own_device()
+        self._exchange_tag = ExchangeTag(own if own is not None else torch.empty(0, device=device).device, 0)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -112,9 +121,19 @@ class SyncBatchNorm(_BatchNorm):
         if not self.training:
             # Eval: running statistics (or, without buffers, this batch's own): never communicates.
             bn_training = self.running_mean is None and self.running_var is None
-            return F.batch_norm(
+            output = F.batch_norm(
                 input, self.running_mean, self.running_var, self.weight, self.bias, bn_training, 0.0, self.eps
             )
+            if output.requires_grad and not torch.compiler.is_compiling() and not recomputing():
+                # A training step taken in eval mode is a call its peers' exchanges count: counted when its
+                # gradient arrives (exchange_tag.py), so a forward that no backward follows, e.g. evaluating
+                # on one rank, counts nothing. Compiled graphs cannot run this hook: there it counts nothing.
+                output.register_hook(self._tag(input.device).count_backward)
+            return output
+
+        tag = self._tag(input.device)
+        if replay is None:
+            tag.count_call()
 
         if input.is_cuda and input.device != self._checked_on and not torch.compiler.is_compiling():
             # Our CUDA kernels' self-check, once per device and process (agreed on this layer's group), unless the
@@ -136,7 +155,38 @@ class SyncBatchNorm(_BatchNorm):
         return sync_batch_norm(
             input, self.weight, self.bias, running_mean, running_var, num_batches_tracked,
             momentum, float(self.eps), group_name, world_size, record, replay, self.exchange,
+            tag.identity, tag.first_out_of_step,
         )
+
+    def _tag(self, device: torch.device) -> ExchangeTag:
+        """This layer's exchange tag on `device` (made, or moved there with its count, on first use there)."""
+        tag = self._exchange_tag
+        if tag is None or tag.device != device:
+            tag = self._exchange_tag = (ExchangeTag(device, self.sync_layer_index) if tag is None
+                                        else tag.moved_to(device, self.sync_layer_index))
+        return tag
+
+    def set_sync_layer_index(self, index: int) -> None:
+        """Carry `index` as this layer's identity in its exchanges (out_of_step.number_layers numbers a model's)."""
+        self.sync_layer_index = index
+        device, tag = self._own_device(), self._exchange_tag
+        if device is None:  # no parameters or buffers: where the tag is, unless it has no values yet
+            device = tag.device if tag is not None and tag.device.type != "meta" else torch.device("cpu")
+        self._tag(device).set_index(index)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "SyncBatchNorm":
+        # .to() / .cuda() move the exchange tag with the parameters and buffers (it is neither: not in state_dict,
+        # not broadcast by DDP); dtype changes leave it float64.
+        super()._apply(fn, recurse)
+        device = self._own_device()
+        if device is not None:
+            self._tag(device)
+        return self
+
+    def _own_device(self) -> Optional[torch.device]:
+        """The device of the layer's running statistics or weight; None when it has neither."""
+        reference = next((t for t in (self.running_mean, self.weight) if t is not None), None)
+        return None if reference is None else reference.device
 
     def _sync_group(self) -> tuple[str, int]:
         """(group name, size) this training forward normalises over; ("", 1) = this rank's batch alone.

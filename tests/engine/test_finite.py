@@ -1,5 +1,6 @@
 """FiniteGuard: non-finite losses, gradient norms and weights stop the run with the step and the value,
-fp16's skipped steps excepted (one process: the verdict is one all_reduce, tested on 2 ranks end to end)."""
+fp16's skipped steps excepted (one process: the verdict is one all_reduce, tested on 2 ranks end to end); SyncBN
+ranks out of step stop it with their own error (2 gloo ranks)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,9 @@ import pytest
 import torch
 
 from src.engine.finite import FiniteGuard, NonFiniteError
+from src.syncbn import SyncBatchNormOutOfStepError
+from tests.support.gloo import run_on_ranks
+from tests.syncbn.out_of_step_cases import run_scenario
 
 CPU = torch.device("cpu")
 FINE = {"w": torch.ones(3)}
@@ -49,3 +53,28 @@ def test_grad_scaler_skipped_steps_pass_unless_every_step_was_skipped() -> None:
     observe(guard, [math.inf, math.nan])
     with pytest.raises(NonFiniteError, match="2 of the 2 step"):
         guard.check(FINE, "at step 5")
+
+
+def _guard_verdict(model: torch.nn.Module, rank: int) -> str | None:
+    """What the trainer's check says after the scenario: its error's message, or None. Every step's loss is
+    finite and fp16's skipped steps are allowed: only the layers can stop it."""
+    guard = FiniteGuard(CPU, skipped_steps_allowed=True, model=model)
+    observe(guard, [1.0, 1.0, 1.0])
+    try:
+        guard.check(FINE, "at step 3")
+    except SyncBatchNormOutOfStepError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("scenario", ["eval_one_step", "in_step"])
+def test_syncbn_ranks_out_of_step_stop_the_run_naming_the_layer(scenario: str) -> None:
+    """2 gloo ranks (tests/syncbn/out_of_step_cases.py): rank 1 trained one step in eval mode, or nothing odd."""
+    results = run_on_ranks(2, run_scenario, {"scenario": scenario, "device": "cpu", "then": _guard_verdict})
+    for rank, record in enumerate(results):
+        if scenario == "in_step":
+            assert record["then"] is None, f"rank {rank}: {record['then']}"
+            continue
+        assert record["then"] is not None, f"rank {rank}: the check let ranks out of step pass"
+        assert record["then"].startswith("training stopped: SyncBatchNorm's ranks are out of step: layer 'bn1'")
+        assert "Detected at step 3" in record["then"] and "(`.eval()`)" in record["then"]

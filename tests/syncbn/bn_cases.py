@@ -3,10 +3,10 @@
 The parent builds each case (all ranks' data, upstream grads, parameters), the children run our layer
 on their slice (`run_cases`), the parent runs the float64 oracle (`oracle`) and `compare` checks
 forward output, input grad, weight/bias grads, running stats, num_batches_tracked, output layout and
-the collectives: two all_reduces per forward that bring each rank 2C+1 values in all (C+1, then C), whatever the
-world size, and no all_gather; one all_reduce of 2C values per backward. Grad convention checked: each rank's
-weight/bias grads are its local contributions, so their sum over the group equals the oracle's grads for the loss
-sum(y * g).
+the collectives: two all_reduces per forward that bring each rank 2C+1 values in all (C+1, then C) and the 4 of
+the call's identity, whatever the world size, and no all_gather; one all_reduce of 2C values per backward. Grad
+convention checked: each rank's weight/bias grads are its local contributions, so their sum over the group equals
+the oracle's grads for the loss sum(y * g).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from src.syncbn import SyncBatchNorm, SyncBatchNorm1d, SyncBatchNorm2d, SyncBatchNorm3d, collectives
+from src.syncbn.exchange_tag import REDUCE_VALUES
 
 CLASSES = {"1d": SyncBatchNorm1d, "2d": SyncBatchNorm2d, "3d": SyncBatchNorm3d, "generic": SyncBatchNorm}
 ORACLE_BY_DIM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
@@ -212,8 +213,9 @@ def compare(case: dict, results: list[dict[str, Any]], group_members: list[list[
                 assert got["nbt"] == exp["nbt"], f"{where}: num_batches_tracked {got['nbt']} != {exp['nbt']}"
                 assert got["y_fmt_kept"] and got["dx_fmt_kept"], f"{where}: memory format not kept"
                 sync = len(members) > 1
-                # The payload: C+1 values, then C, whatever the world size (at most 2C+1 per rank and forward).
-                fwd = {"all_gather": 0, "all_reduce": 2 * int(sync), "received": (2 * case["C"] + 1) * int(sync)}
+                # The payload: C+1 values and the call's identity, then C, whatever the world size.
+                fwd = {"all_gather": 0, "all_reduce": 2 * int(sync),
+                       "received": (2 * case["C"] + 1 + REDUCE_VALUES) * int(sync)}
                 assert got["fwd_calls"] == fwd, f"{where}: {got['fwd_calls']} != {fwd}"
                 bwd = {"all_gather": 0, "all_reduce": int(sync), "received": 2 * case["C"] * int(sync)}
                 assert got["bwd_calls"] == bwd, f"{where}: {got['bwd_calls']} != {bwd}"

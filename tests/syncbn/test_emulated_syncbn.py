@@ -5,7 +5,8 @@ SYNCTRAIN_SYNCBN_KERNELS=cuda-emulated, set before the ranks start (they read it
 call), makes src.syncbn.functions.kernel_ops() return the emulated build in the ranks; the emulated device is a 16-SM Orin, whose few
 resident blocks split these small batches across several blocks per channel. A subset of the CPU
 equivalence cases (test_distributed_equivalence.py) that covers layouts, dtypes, empty ranks and the
-cumulative momentum. Rank 0 runs the kernels in forward lane, warp and block order, rank 1 in reverse.
+cumulative momentum. Rank 0 runs the kernels in forward lane, warp and block order, rank 1 in reverse. Also a
+step taken in eval mode on one rank: NaN statistics on both, and the layer named (out_of_step_cases.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from tests.syncbn.bn_cases import compare, make_case, run_cases
 from tests.support.gloo import run_on_ranks
 from tests.syncbn.equivalence_cases import CASES as EQUIVALENCE_CASES, shapes
+from tests.syncbn.out_of_step_cases import check_scenario, run_scenario
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -34,7 +36,10 @@ def run_emulated(rank: int, world: int, payload: dict) -> dict:
     emulation.set_schedule(payload["schedules"][rank])
     before = emulation.counters()["launches"]
     results = run_cases(rank, world, payload)
-    return {"ops": emulation.__name__, "launches": emulation.counters()["launches"] - before, "results": results}
+    launches = emulation.counters()["launches"] - before
+    # Rank 1 takes a step in eval mode: the emulated kernels must turn the poisoned sums into NaN statistics too.
+    out_of_step = run_scenario(rank, world, {"scenario": "eval_one_step", "device": "cpu"})
+    return {"ops": emulation.__name__, "launches": launches, "results": results, "out_of_step": out_of_step}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,11 @@ def test_ranks_ran_the_emulated_cuda_kernels(world_results):
 def test_matches_one_process_batchnorm(world_results, name: str) -> None:
     cases, out = world_results
     compare(cases[name], [rank["results"] for rank in out], [list(range(WORLD))])
+
+
+def test_ranks_out_of_step_are_nan_and_named(world_results) -> None:
+    _, out = world_results
+    check_scenario("eval_one_step", [rank["out_of_step"] for rank in out])
 
 
 def test_unknown_kernel_choice_is_an_error(monkeypatch):
