@@ -45,8 +45,10 @@ def test_rows_hold_each_instance_as_coco_rle(tmp_path: Path) -> None:
         expected = _output(h, w)["masks"][0 if row["class"] == "square" else 1, 0] > MASK_THRESHOLD
         assert row["segmentation"]["size"] == [h, w]
         assert torch.equal(decode([row["segmentation"]], h, w)[0], expected)
-    assert Image.open(tmp_path / "masks" / "a.png").size == (16, 20)
-    assert Image.open(tmp_path / "masks" / "d" / "b.png").size == (24, 14)
+    # Enlarged by whole factors to a long side of at least 512 px (26 and 22), a legend on the right.
+    for name, (height, width), factor in (("a.png", (20, 16), 26), ("d/b.png", (14, 24), 22)):
+        drawn = Image.open(tmp_path / "masks" / name)
+        assert drawn.height == height * factor and drawn.width > width * factor, name
 
 
 def test_score_threshold_and_no_drawing(tmp_path: Path) -> None:
