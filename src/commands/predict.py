@@ -29,6 +29,7 @@ from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
 from src.data import Batch, ClosableLoader, EvalBatchSampler, close_loaders, collate_stacked
 from src.data.image_files import UnreadableImage, read_sample
+from src.data.worker_cap import loader_workers
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads, fixed_threads
 from src.precision import autocast, model_dtype
@@ -80,11 +81,11 @@ def run(cfg: DictConfig) -> Path:
     try:
         if device.type == "cpu":
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        task = trained.task
-        skipped = _unreadable(source, base, relative, int(cfg.num_workers), bool(cfg.skip_unreadable))
+        task, workers = trained.task, loader_workers(int(cfg.num_workers), "num_workers")  # this process's share
+        skipped = _unreadable(source, base, relative, workers, bool(cfg.skip_unreadable))
         left_out = {i for i, _ in skipped}
         readable = [r for i, r in enumerate(relative) if i not in left_out]
-        loader = _loader(config, task, base, readable, int(cfg.batch_size), int(cfg.num_workers))
+        loader = _loader(config, task, base, readable, int(cfg.batch_size), workers)
         try:
             if config.trainer.dry_run:
                 _dry_run(trained, loader, len(readable), out_dir, [relative[i] for i, _ in skipped])

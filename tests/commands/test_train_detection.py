@@ -56,8 +56,10 @@ def test_syncbn_detector_trains_evaluates_and_predicts(tmp_path: Path) -> None:
     boxes = json.loads((tmp_path / "pred" / "predictions.json").read_text())
     assert {r["file"] for r in boxes} <= {"a.png", "sub/b.jpg"} and boxes
     assert all(0 <= r["x1"] <= r["x2"] <= 80 and 0 <= r["y1"] <= r["y2"] <= 64 for r in boxes)
-    assert Image.open(tmp_path / "pred" / "boxes" / "a.png").size == (80, 60)
-    assert Image.open(tmp_path / "pred" / "boxes" / "sub" / "b.png").size == (64, 64)
+    # Enlarged to a long side of at least 512 px (x7 and x8), with a legend on the right when boxes are drawn.
+    for name, (width, height) in (("a.png", (560, 420)), ("sub/b.png", (512, 512))):
+        drawn = Image.open(tmp_path / "pred" / "boxes" / name)
+        assert drawn.height == height and drawn.width >= width, name
 
     with pytest.raises(ValueError, match="export.py does not export detection models"):
         export.run(_compose("export", [f"ckpt={ckpt}", "format=onnx", f"out={tmp_path / 'm.onnx'}"]))
