@@ -122,6 +122,8 @@ def test_evaluate_and_predict_write_the_same_bytes_at_1_2_and_3_processes(tmp_pa
     """The reported case, shrunk: a COCO-format folder of images of nine sizes, an FCOS with BatchNorm from a
     SyncBN checkpoint, batches of 2 (evaluation) and 3 (predict.py) that no world size divides."""
     coco_root = write_coco_folder(tmp_path / "coco", varied_coco(), varied_coco())
+    # A file no annotation names, which predict.py meets among the images and skips on every rank alike.
+    (coco_root / "val" / "img_cut.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     ckpt = tmp_path / "last.pt"
     _untrained_checkpoint(ckpt, coco_root)
     written = {}
@@ -135,6 +137,7 @@ def test_evaluate_and_predict_write_the_same_bytes_at_1_2_and_3_processes(tmp_pa
     metrics, files = written[1]
     assert {"export/predictions.json", "export/coco_results.json", "predict/predictions.json"} <= set(files)
     assert len(json.loads(files["export/coco_results.json"])) > 100 and "predict/boxes/img57.png" in files
+    assert files["predict/unreadable.csv"].decode().splitlines()[1].startswith("img_cut.png,")
     for world in (2, 3):
         assert written[world][0] == metrics, world
         assert written[world][1].keys() == files.keys()
