@@ -20,7 +20,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torchvision.io import write_png
-from torchvision.utils import make_grid
 
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
