@@ -180,12 +180,13 @@ def class_name(class_names: Sequence[str] | None, label: int) -> str:
 
 
 def dataset_class_names(dataset: Any) -> list[str] | None:
-    """The class names a dataset (or a dataset it wraps, `.dataset`) carries as `classes`, or None."""
+    """The class names a dataset carries as `classes` (torchvision's convention, the shapes and COCO sets'), also
+    through the wrappers of src/data (`.base`, `.dataset`); None when it has none."""
     for _ in range(4):
         names = getattr(dataset, "classes", None)
         if names:
             return [str(n) for n in names]
-        dataset = getattr(dataset, "dataset", None)
+        dataset = getattr(dataset, "base", None) or getattr(dataset, "dataset", None)
         if dataset is None:
             break
     return None

@@ -28,10 +28,10 @@ from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
 from src.tasks.evaluation import check_each_sample_once
-from src.tasks.pictures import TENSORBOARD_LONG_SIDE, dataset_class_names, fixed_sample_indices, unit_to_uint8
 from src.tasks.detection.options import DetectionPredict
 from src.tasks.detection.pictures import detection_picture, truth_tiles
 from src.tasks.detection.transforms import DETECTION_DATA
+from src.tasks.pictures import TENSORBOARD_LONG_SIDE, dataset_class_names, fixed_sample_indices, unit_to_uint8
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
