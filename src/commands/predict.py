@@ -4,8 +4,8 @@ Steps: check the arguments, read the trained run (src/commands/trained_run.py, a
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
 (src/tasks/predict_io.py), start the process group if torchrun launched us, find the inputs that cannot be decoded
 (each rank a share, gathered: every rank leaves out the same ones; skip_unreadable=false stops at the first instead),
-give each rank a contiguous run of
-fixed batches (EvalBatchSampler: every image exactly once, in the same batch at any world size), predict with
+give each rank a contiguous run of fixed batches of the others (EvalBatchSampler: every image exactly once, in the
+same batch at any world size), predict with
 trainer.eval_num_threads CPU threads, gather to rank 0, and write there (nothing with trainer.dry_run=true). Each
 image goes through the task's predict transform and collation (its TaskData), and the task decides what is written
 (Task.predict, with its own options: Task.predict_options, e.g. topk; the table of what each task writes is
