@@ -16,6 +16,9 @@ from src.tasks import get_task
 from src.tasks.detection.options import DetectionPredict
 from src.tasks.pictures import class_colour
 
+# One thread: the drawing is many small tensor operations, which threads only slow down on a busy machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CLASSES = ["background", "circle", "square", "triangle", "star", "cross", "ring"]
 HEIGHT, WIDTH, FACTOR = 96, 128, 4  # 4 x 128 = 512
 

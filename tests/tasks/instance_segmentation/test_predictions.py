@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image
 
@@ -37,6 +38,7 @@ def _predict(tmp_path: Path, draw: bool, threshold: float) -> list[dict]:
     return json.loads(path.read_text())
 
 
+@pytest.mark.usefixtures("one_thread")  # the drawing: many small tensor operations, slowed by threads when busy
 def test_rows_hold_each_instance_as_coco_rle(tmp_path: Path) -> None:
     rows = _predict(tmp_path, draw=True, threshold=0.0)
     assert [(r["file"], r["class"], r["score"]) for r in rows] == [
@@ -69,6 +71,7 @@ def test_rle_round_trip_and_the_ground_truth_of_masks() -> None:
     assert [a["bbox"] for a in truth.annotations] == [[2.0, 1.0, 4.0, 3.0], [0.0, 5.0, 7.0, 4.0]]
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_pictures(writer) -> None:
     from src.data.datasets.shapes_inst import ShapesInstances
     from src.models import build_model

@@ -138,6 +138,7 @@ def test_segmentation_loss_is_pixel_weighted_cross_entropy() -> None:
     assert res["loss"] == pytest.approx(num / den, rel=1e-6)
 
 
+@pytest.mark.usefixtures("one_thread")  # many small tensor operations, which threads only slow down when busy
 def test_segmentation_panels_show_image_truth_prediction_rows(writer) -> None:
     from src.tasks.pictures import TENSORBOARD_LONG_SIDE, class_colour, enlarge, enlargement, to_uint8_image
     from src.tasks.segmentation.pictures import fixed_sample_indices, log_segmentation_panels

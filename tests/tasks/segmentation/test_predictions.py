@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from src.tasks.segmentation.predictions import mask_names
 
 
@@ -13,6 +15,7 @@ def test_mask_names_keep_folders_and_never_collide() -> None:
     assert len(set(names)) == len(names)
 
 
+@pytest.mark.usefixtures("one_thread")  # many small tensor operations, which threads only slow down when busy
 def test_draw_writes_each_input_enlarged_with_its_mask_over_it(tmp_path: Path) -> None:
     """draw=true: out/overlays/<name>.png, the input as it was before normalisation, enlarged to a long side of 512 px
     (8 x 64), the background left clear, the other class laid over it, and a legend; the mask PNG as without."""
