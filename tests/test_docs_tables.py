@@ -12,8 +12,8 @@ PAGE = REPO / "docs" / "training.md"
 
 
 def expand(token: str) -> set[str]:
-    """The option names a table entry stands for: `resnet20/32/44` -> resnet20, resnet32, resnet44 (the trailing
-    number replaced); `deeplabv3[plus]_resnet18` -> deeplabv3_resnet18 and deeplabv3plus_resnet18."""
+    """The option names a table entry stands for: `net20/32/44` -> net20, net32, net44 (the trailing number
+    replaced); `head[plus]_net18` -> head_net18 and headplus_net18."""
     optional = re.search(r"\[(\w+)\]", token)
     if optional:
         return expand(token.replace(optional.group(0), "")) | expand(token.replace(optional.group(0), optional.group(1)))
@@ -49,9 +49,8 @@ def test_the_config_group_table_names_every_option_in_conf() -> None:
 
 
 def test_the_table_entries_expand_as_written() -> None:
-    assert expand("resnet20/32/110") == {"resnet20", "resnet32", "resnet110"}
-    assert expand("deeplabv3[plus]_resnet18/34") == {"deeplabv3_resnet18", "deeplabv3_resnet34",
-                                                     "deeplabv3plus_resnet18", "deeplabv3plus_resnet34"}
-    assert expand("imagenet_resnet50_v2") == {"imagenet_resnet50_v2"}
+    assert expand("net20/32/110") == {"net20", "net32", "net110"}
+    assert expand("head[plus]_net18/34") == {"head_net18", "head_net34", "headplus_net18", "headplus_net34"}
+    assert expand("net_v2") == {"net_v2"}
     table = "## Config groups\n| group | options | what |\n|---|---|---|\n| `norm` | `bn`, `gn` (x) | y |\n\n| `a` | `b` | c |"
     assert documented_groups(table) == {"norm": {"bn", "gn"}}
