@@ -21,8 +21,8 @@ from src.data.segmentation.masks import IGNORE_INDEX
 from src.data.segmentation.palette import save_mask_png
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
-from src.tasks.pictures import to_uint8_image
 from src.tasks.evaluation import check_each_sample_once, custom_loss
+from src.tasks.pictures import to_uint8_image
 from src.tasks.registry import register_task
 from src.tasks.segmentation.exports import export_segmentation, gather_masks
 from src.tasks.segmentation.metrics import ConfusionMatrix
