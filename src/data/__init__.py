@@ -25,11 +25,11 @@ from src.data.closable_loader import ClosableLoader, close_loaders
 from src.data.config import DataConfig, checked
 from src.data.device_decode import DeviceDecoder, EncodedFiles
 from src.data.device_transforms import DeviceTransform
-from src.data.worker_cap import loader_workers
 from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task, dataset_tasks
 from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.task_data import TaskData
+from src.data.worker_cap import loader_workers
 
 __all__ = [
     "Batch", "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler",
