@@ -117,7 +117,7 @@ def paired(norm: str, rounds: int, mode: str, channels_last: bool = False) -> di
     for name in ("eager", "compiled"):
         torch.manual_seed(0)
         model = build_model(ModelConfig(name="resnet20"), NormConfig(name=norm), 6).to(memory_format=fmt)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)  # as the trainer
+        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9, nesterov=True, fused=True)  # as the trainer
         forward = DistributedDataParallel(model) if comm.get_world_size() > 1 else model
         if name == "compiled":
             forward = torch.compile(forward, mode=None if mode == "default" else mode)

@@ -93,7 +93,8 @@ def baseline_worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=args.model), NormConfig(name=args.norm), data.num_classes)
     ddp = DistributedDataParallel(model) if world > 1 else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)  # as the trainer
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                          fused=True)  # as the trainer (optim=sgd)
     step, stamps, cpu = 0, {}, {}
     while step < args.steps:
         loader.batch_sampler.set_epoch(step)

@@ -39,7 +39,8 @@ def run_training(norm: str, run_dir: Path, steps: int, nproc: int, timeout_s: fl
     "timed out" when it ran past `timeout_s` (it is killed then; its log says how far it got)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            f"norm={norm}", "model=resnet20", "data=shapes", "data.train_size=256", "data.val_size=64",
-           "data.batch_size=16", "device=cuda", "trainer.dtype=float64", "trainer.deterministic=true",
+           "data.batch_size=16", "optim.lr=0.1", "optim.reference_batch_size=null", "optim.nesterov=false",
+           "device=cuda", "trainer.dtype=float64", "trainer.deterministic=true",
            f"trainer.max_steps={steps}", "trainer.log_every=1", "seed=0", f"hydra.run.dir={run_dir}",
            "trainer.overwrite=true"]  # a check run again into the same OUT: the earlier run goes to previous/
     with open(run_dir.with_suffix(".log"), "w") as log, subprocess.Popen(

@@ -61,6 +61,8 @@ def test_every_group_option_composes_and_validates(group: str, option: str) -> N
 def test_every_experiment_composes_and_validates(experiment: str) -> None:
     cfg = validate_config(_compose([f"experiment={experiment}"]))
     assert cfg.trainer.epochs >= 1
+    # Its lr is for a stated batch, so another process count or batch size scales it (docs/training.md).
+    assert cfg.optim.reference_batch_size is not None
 
 
 def test_default_job_is_resnet20_syncbn_on_shapes() -> None:
@@ -68,6 +70,7 @@ def test_default_job_is_resnet20_syncbn_on_shapes() -> None:
     assert (cfg.model.name, cfg.norm.name, cfg.data.name, cfg.optim.name, cfg.sched.name) == (
         "resnet20", "syncbn", "shapes", "sgd", "cosine")
     assert cfg.sched.warmup_epochs > 0
+    assert (cfg.optim.lr, cfg.optim.reference_batch_size) == (0.2, 128)  # 2 processes x 64: the lr as given
 
 
 def test_imagenet_recipe_is_torchvision_resnet50_v1() -> None:

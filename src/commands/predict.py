@@ -2,8 +2,10 @@
 
 Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/tasks/predict_io.py), start the process group if torchrun launched us, give each rank a contiguous run of
-fixed batches (EvalBatchSampler: every image exactly once, in the same batch at any world size), predict with
+(src/tasks/predict_io.py), start the process group if torchrun launched us, find the inputs that cannot be decoded
+(each rank a share, gathered: every rank leaves out the same ones; skip_unreadable=false stops at the first instead),
+give each rank a contiguous run of fixed batches of the others (EvalBatchSampler: every image exactly once, in the
+same batch at any world size), predict with
 trainer.eval_num_threads CPU threads, gather to rank 0, and write there (nothing with trainer.dry_run=true). Each
 image goes through the task's predict transform and collation (its TaskData), and the task decides what is written
 (Task.predict, with its own options: Task.predict_options, e.g. topk; the table of what each task writes is
@@ -22,17 +24,18 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from src import comm, process_group
+from src.errors import UserError
 from src.commands.dry_run import print_summary, trained_run_facts
 from src.config import TrainConfig
 from src.data import Batch, ClosableLoader, EvalBatchSampler, close_loaders, collate_stacked
-from src.data.image_files import read_sample
+from src.data.image_files import UnreadableImage, read_sample
+from src.data.worker_cap import loader_workers
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads, fixed_threads
-from src.errors import UserError
 from src.precision import autocast, model_dtype
 from src.dataclass_config import extend, foreign_settings
 from src.tasks import Task, all_tasks
-from src.tasks.predict_io import ImageFiles, list_inputs
+from src.tasks.predict_io import UNREADABLE_CSV, ImageFiles, find_unreadable, list_inputs, write_unreadable
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
 
@@ -47,6 +50,9 @@ class PredictConfig:
     batch_size: int = 32
     num_workers: int = 2
     ema: bool = False
+    # Inputs that cannot be decoded are left out, named at the end and listed in out/unreadable.csv; false: the
+    # first one stops predict.py with its error.
+    skip_unreadable: bool = True
     # Overrides of the stored training config (trained_run.overrides_of): non-null keys replace the checkpoint's.
     device: Optional[str] = None
     data: Dict[str, Any] = field(default_factory=dict)
@@ -66,7 +72,7 @@ def run(cfg: DictConfig) -> Path:
         raise UserError(f"batch_size must be >= 1, got batch_size={cfg.batch_size}")
     trained = load_trained_run(cfg.ckpt, ema=bool(cfg.ema), overrides=overrides_of(cfg))
     config, device = trained.config, trained.device
-    options = _task_options(cfg, trained.task)
+    options = _task_options(cfg, trained.task, config)
     base, relative = list_inputs(source, out_dir)  # before the process group: a bad input= fails fast
 
     owns_group = not comm.is_initialized()
@@ -75,18 +81,23 @@ def run(cfg: DictConfig) -> Path:
     try:
         if device.type == "cpu":
             configure_threads(config.trainer.num_threads, comm.get_local_world_size())
-        task = trained.task
-        loader = _loader(config, task, base, relative, int(cfg.batch_size), int(cfg.num_workers))
+        task, workers = trained.task, loader_workers(int(cfg.num_workers), "num_workers")  # this process's share
+        skipped = _unreadable(source, base, relative, workers, bool(cfg.skip_unreadable))
+        left_out = {i for i, _ in skipped}
+        readable = [r for i, r in enumerate(relative) if i not in left_out]
+        loader = _loader(config, task, base, readable, int(cfg.batch_size), workers)
         try:
             if config.trainer.dry_run:
-                _dry_run(trained, loader, len(relative), out_dir)
+                _dry_run(trained, loader, len(readable), out_dir, [relative[i] for i, _ in skipped])
                 return out_dir
             with fixed_threads(config.trainer.eval_num_threads if device.type == "cpu" else 0):
-                written = task.predict(loader, partial(_forward, trained), files=relative, out_dir=out_dir,
+                written = task.predict(loader, partial(_forward, trained), files=readable, out_dir=out_dir,
                                        class_names=list(trained.class_names), batch_count=len(loader),
                                        options=options)
         finally:  # the loader workers end here, also on an error (src/data/closable_loader.py says why)
             close_loaders(loader)
+        if comm.is_main_process():
+            _report_unreadable(out_dir, [(relative[i], reason) for i, reason in skipped])
         comm.barrier()
         return written
     finally:
@@ -94,15 +105,45 @@ def run(cfg: DictConfig) -> Path:
             process_group.destroy()
 
 
-def _task_options(cfg: DictConfig, task: Task) -> Any:
-    """The checkpoint's task's predict.py options (validated); another task's set away from its default is
-    refused: nothing would read it."""
+def _unreadable(source: Path, base: Path, relative: list[Path], threads: int, skip: bool) -> list[tuple[int, str]]:
+    """(index, reason) of every input that cannot be decoded, the same on every rank (each rank checks a share, one
+    all_gather); with skip=false the first one raises UnreadableImage on every rank, and so does a folder of which
+    none can be read."""
+    share = range(comm.get_rank(), len(relative), comm.get_world_size())
+    found = sorted(r for part in comm.all_gather_object(find_unreadable(base, relative, share, threads)) for r in part)
+    if found and not skip:
+        index, reason = found[0]
+        raise UnreadableImage.of(base / relative[index], reason, where=f"input={base}, sample {index}")
+    if found and len(found) == len(relative):
+        index, reason = found[0]
+        raise UserError(f"input={source}: none of the {len(relative)} image(s) can be read ({relative[index]}: {reason}"
+                        f"{'' if len(found) == 1 else ', ...'}); check that the files are images and were copied whole")
+    return found
+
+
+def _report_unreadable(out_dir: Path, skipped: list[tuple[Path, str]]) -> None:
+    """Rank 0, at the end: name the inputs that were left out, list them in out/unreadable.csv (a list from an
+    earlier run into this folder is removed when none were left out this time)."""
+    path = out_dir / UNREADABLE_CSV
+    if not skipped:
+        path.unlink(missing_ok=True)
+        return
+    write_unreadable(path, [(r.as_posix(), reason) for r, reason in skipped])
+    shown = ", ".join(r.as_posix() for r, _ in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5
+                                                                else "")
+    print(f"skipped {len(skipped)} input(s) that cannot be read as images: {shown}; listed with the reasons in {path} "
+          "(skip_unreadable=false stops at the first instead)", flush=True)
+
+
+def _task_options(cfg: DictConfig, task: Task, config: Optional[TrainConfig] = None) -> Any:
+    """The checkpoint's task's predict.py options (validated; `config` the trained run's, for what a task's drawing
+    needs of it); another task's set away from its default is refused: nothing would read it."""
     values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
     parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
     for key, value, owners in foreign_settings(values, parts, {task.name}):
         raise UserError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
                         f"{task.name}: remove {key}={value!r}")
-    return task.predict_settings(values)
+    return task.predict_settings(values, config)
 
 
 def _paths(cfg: DictConfig) -> tuple[Path, Path]:
@@ -151,10 +192,13 @@ def _forward(trained: TrainedRun, batch: Batch) -> Any:
         return trained.model(batch.images)
 
 
-def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:
+def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path, unreadable: list[Path]) -> None:
     """trainer.dry_run: one batch of this rank's inputs through the model, a summary, nothing written."""
     facts = trained_run_facts(trained, loader, "predicting")
     facts["inputs"] = (f"{inputs} image(s), {loader.batch_sampler.batch_size} per batch, {len(loader)} batch(es) "
                        "on rank 0")
+    if unreadable:
+        names = ", ".join(r.as_posix() for r in unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
+        facts["unreadable"] = f"{len(unreadable)} input(s) would be skipped: {names}"
     facts["out"] = f"{out_dir} (not written: dry run)"
     print_summary("predict.py", facts)

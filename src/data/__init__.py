@@ -29,6 +29,7 @@ from src.data.registry import DATASETS, Splits, dataset_entry, dataset_task, dat
 from src.data.samplers import EvalBatchSampler, ExactEvalSampler, TrainBatchSampler
 from src.data.seeded import IndexedDataset, SeededTransformDataset
 from src.data.task_data import TaskData
+from src.data.worker_cap import loader_workers
 
 __all__ = [
     "Batch", "ClosableLoader", "DATASETS", "DataBundle", "DataConfig", "EvalBatchSampler", "ExactEvalSampler",
@@ -94,12 +95,13 @@ def build_datasets(data_cfg: Any, handling: TaskData, seed: int, device_transfor
 
 
 def _loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
+    workers = loader_workers(cfg.num_workers)  # at most this process's share of the cores
     kwargs: dict[str, Any] = {
-        "num_workers": cfg.num_workers,
+        "num_workers": workers,
         # Pinned memory only helps host-to-GPU copies; on CPU-only machines it just costs.
         "pin_memory": cfg.pin_memory and torch.cuda.is_available(),
     }
-    if cfg.num_workers > 0:
+    if workers > 0:
         kwargs["persistent_workers"] = cfg.persistent_workers
         kwargs["prefetch_factor"] = cfg.prefetch_factor
     return kwargs

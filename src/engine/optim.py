@@ -27,9 +27,24 @@ def effective_lr(optim_cfg: Any, effective_batch: int) -> float:
     return optim_cfg.lr
 
 
-def build_optimizer(model: nn.Module, optim_cfg: Any, effective_batch: int) -> torch.optim.Optimizer:
-    """torch.optim.SGD or AdamW over param_groups(model)."""
+def describe_lr(optim_cfg: Any, effective_batch: int) -> str:
+    """The lr a run uses and where it comes from, for the run's first lines: scaled or not, and by what."""
     lr = effective_lr(optim_cfg, effective_batch)
+    head = f"; the head's x{optim_cfg.head_lr_mult:g}" if optim_cfg.head_lr_mult != 1 else ""
+    if optim_cfg.reference_batch_size:
+        how = ("the same batch: not scaled" if effective_batch == optim_cfg.reference_batch_size
+               else f"scaled linearly by {effective_batch}/{optim_cfg.reference_batch_size}")
+        reference = optim_cfg.reference_batch_size
+        return (f"lr {lr:.6g} = optim.lr {optim_cfg.lr:g} for optim.reference_batch_size={reference} images, at an "
+                f"effective batch of {effective_batch} ({how}){head}")
+    return (f"lr {lr:.6g} = optim.lr, not scaled with the effective batch of {effective_batch} "
+            f"(optim.reference_batch_size is null){head}")
+
+
+def build_optimizer(model: nn.Module, optim_cfg: Any, effective_batch: int) -> torch.optim.Optimizer:
+    """torch.optim.SGD or AdamW over param_groups(model); logs the lr it uses (describe_lr)."""
+    lr = effective_lr(optim_cfg, effective_batch)
+    log.info("%s", describe_lr(optim_cfg, effective_batch))
     # Backbone / head (head_lr_mult) x decay / no decay: norm weights and biases are not decayed, since
     # decaying BN scales pulls them to zero without regularising anything useful (Goyal et al. 2017).
     groups = param_groups(model, optim_cfg.head_lr_mult, weight_decay=optim_cfg.weight_decay,

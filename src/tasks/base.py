@@ -104,8 +104,10 @@ class Task:
             if hasattr(options, "validate"):
                 options.validate()
 
-    def predict_settings(self, cfg: Any) -> Any:
-        """predict.py's options of this task from its config `cfg` (predict_options, validated), or None."""
+    def predict_settings(self, cfg: Any, config: Any = None) -> Any:
+        """predict.py's options of this task from its config `cfg` (predict_options, validated), or None; `config` is
+        the trained run's (a TrainConfig, or None), for what a task's predictions need of it (e.g. to show its inputs
+        as they were before normalisation)."""
         if self.predict_options is None:
             return None
         options = section(cfg, self.predict_options)

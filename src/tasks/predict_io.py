@@ -3,17 +3,26 @@
 Inputs: one image file, or every image under a folder (recursively; hidden files and folders skipped,
 extensions as ImageFolder's in any case), sorted by relative path, so the order, and therefore each
 rank's shard, is the same on every process. Outputs keep the relative path (the tasks' predictions.py).
+
+Files that cannot be decoded (cut short, not an image) are found before predicting (`decode_error`, each file
+decoded once, JPEGs at 1/8 scale, which still reads their whole bitstream), so that predict.py can skip them and
+every task sees only readable inputs; `write_unreadable` lists them in the output folder.
 """
 from __future__ import annotations
 
+import csv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
-from src.data.image_files import IMAGE_EXTENSIONS, list_files, load_rgb
+from src.data.image_files import DECODE_ERRORS, IMAGE_EXTENSIONS, list_files, load_rgb
 from src.errors import MissingFileError
+
+UNREADABLE_CSV = "unreadable.csv"  # predict.py: the inputs it skipped, and why
 
 
 def list_inputs(source: Path, out_dir: Path | None = None) -> tuple[Path, list[Path]]:
@@ -54,3 +63,33 @@ class ImageFiles(Dataset):
         """(image, no target, index): the samples a task's collation makes a Batch of."""
         image = self.transform(load_rgb(self.paths[index]))
         return image.as_subclass(torch.Tensor), None, index
+
+
+def decode_error(path: Path) -> str | None:
+    """Why the image at `path` cannot be decoded (PIL's message), or None when it can. A JPEG is decoded at 1/8 of its
+    size (PIL's draft mode: the whole bitstream is still read, so a cut-off file fails), other formats in full."""
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))  # a no-op for formats without one
+            img.load()
+    except DECODE_ERRORS as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def find_unreadable(base: Path, relative: Sequence[Path], indices: Sequence[int],
+                    threads: int = 1) -> list[tuple[int, str]]:
+    """(index, reason) of each of `indices` whose file `base / relative[index]` cannot be decoded, on `threads`
+    threads (PIL decodes without holding the GIL)."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        reasons = pool.map(lambda i: decode_error(base / relative[i]), indices)
+        return [(i, reason) for i, reason in zip(indices, reasons) if reason is not None]
+
+
+def write_unreadable(path: Path, rows: Sequence[tuple[str, str]]) -> None:
+    """The skipped inputs as CSV: a header (file, error), then one row per file (its path as given, PIL's reason)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["file", "error"])
+        writer.writerows(rows)

@@ -56,8 +56,10 @@ def test_syncbn_detector_trains_evaluates_and_predicts(tmp_path: Path) -> None:
     boxes = json.loads((tmp_path / "pred" / "predictions.json").read_text())
     assert {r["file"] for r in boxes} <= {"a.png", "sub/b.jpg"} and boxes
     assert all(0 <= r["x1"] <= r["x2"] <= 80 and 0 <= r["y1"] <= r["y2"] <= 64 for r in boxes)
-    assert Image.open(tmp_path / "pred" / "boxes" / "a.png").size == (80, 60)
-    assert Image.open(tmp_path / "pred" / "boxes" / "sub" / "b.png").size == (64, 64)
+    # Enlarged to a long side of at least 512 px (x7 and x8), with a legend on the right when boxes are drawn.
+    for name, (width, height) in (("a.png", (560, 420)), ("sub/b.png", (512, 512))):
+        drawn = Image.open(tmp_path / "pred" / "boxes" / name)
+        assert drawn.height == height and drawn.width >= width, name
 
     with pytest.raises(ValueError, match="export.py does not export detection models"):
         export.run(_compose("export", [f"ckpt={ckpt}", "format=onnx", f"out={tmp_path / 'm.onnx'}"]))
@@ -120,6 +122,8 @@ def test_evaluate_and_predict_write_the_same_bytes_at_1_2_and_3_processes(tmp_pa
     """The reported case, shrunk: a COCO-format folder of images of nine sizes, an FCOS with BatchNorm from a
     SyncBN checkpoint, batches of 2 (evaluation) and 3 (predict.py) that no world size divides."""
     coco_root = write_coco_folder(tmp_path / "coco", varied_coco(), varied_coco())
+    # A file no annotation names, which predict.py meets among the images and skips on every rank alike.
+    (coco_root / "val" / "img_cut.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     ckpt = tmp_path / "last.pt"
     _untrained_checkpoint(ckpt, coco_root)
     written = {}
@@ -133,6 +137,7 @@ def test_evaluate_and_predict_write_the_same_bytes_at_1_2_and_3_processes(tmp_pa
     metrics, files = written[1]
     assert {"export/predictions.json", "export/coco_results.json", "predict/predictions.json"} <= set(files)
     assert len(json.loads(files["export/coco_results.json"])) > 100 and "predict/boxes/img57.png" in files
+    assert files["predict/unreadable.csv"].decode().splitlines()[1].startswith("img_cut.png,")
     for world in (2, 3):
         assert written[world][0] == metrics, world
         assert written[world][1].keys() == files.keys()

@@ -60,8 +60,10 @@ def test_syncbn_mask_rcnn_trains_evaluates_and_predicts(tmp_path: Path) -> None:
         height, width = (40, 56) if row["file"] == "a.png" else (48, 48)
         assert row["segmentation"]["size"] == [height, width]
         assert decode([row["segmentation"]], height, width).shape == (1, height, width)
-    assert Image.open(tmp_path / "pred" / "masks" / "a.png").size == (56, 40)
-    assert Image.open(tmp_path / "pred" / "masks" / "sub" / "b.png").size == (48, 48)
+    # Enlarged to a long side of at least 512 px (x10 and x11), with a legend on the right when instances are drawn.
+    for name, (width, height) in (("a.png", (560, 400)), ("sub/b.png", (528, 528))):
+        drawn = Image.open(tmp_path / "pred" / "masks" / name)
+        assert drawn.height == height and drawn.width >= width, name
 
     with pytest.raises(ValueError, match="export.py does not export instance segmentation models"):
         export.run(_compose("export", [f"ckpt={ckpt}", "format=onnx", f"out={tmp_path / 'm.onnx'}"]))

@@ -10,6 +10,7 @@ torchrun on every rank (slow).
 """
 from __future__ import annotations
 
+import csv
 import importlib
 import multiprocessing
 import os
@@ -102,11 +103,30 @@ def test_evaluate(healthy: tuple[Path, Path], tmp_path: Path, num_workers: int) 
 
 @pytest.mark.usefixtures("restores_process_state")
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_predict(healthy: tuple[Path, Path], tmp_path: Path, num_workers: int) -> None:
+def test_predict_with_skip_unreadable_false(healthy: tuple[Path, Path], tmp_path: Path, num_workers: int) -> None:
     root, bad = _copy_with_bad(healthy[0], tmp_path, "val/bee/1.jpg")
     source = root / "val"
     _fails_naming("predict", [f"ckpt={healthy[1]}", f"input={source}", f"out={tmp_path / 'out'}",
-                              f"num_workers={num_workers}"], tmp_path, expected(bad, f"input={source}", 3))
+                              f"num_workers={num_workers}", "skip_unreadable=false"], tmp_path,
+                  expected(bad, f"input={source}", 3))
+
+
+@pytest.mark.usefixtures("restores_process_state")
+def test_predict_skips_unreadable_files_and_lists_them(healthy: tuple[Path, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """By default a file that cannot be decoded among good ones is left out, named at the end and listed in
+    out/unreadable.csv; the others are predicted."""
+    root, _ = _copy_with_bad(healthy[0], tmp_path, "val/bee/1.jpg")
+    (root / "val" / "notes.png").write_text("not an image")
+    out = tmp_path / "out"
+    _run("predict", [f"ckpt={healthy[1]}", f"input={root / 'val'}", f"out={out}", "num_workers=2"], tmp_path)
+    with open(out / "predictions.csv", newline="") as f:
+        assert [row["file"] for row in csv.DictReader(f)] == ["ant/0.jpg", "ant/1.jpg", "bee/0.jpg"]
+    with open(out / "unreadable.csv", newline="") as f:
+        listed = list(csv.DictReader(f))
+    assert [row["file"] for row in listed] == ["bee/1.jpg", "notes.png"]
+    assert "truncated" in listed[0]["error"].lower() and "cannot identify image file" in listed[1]["error"]
+    assert "skipped 2 input(s) that cannot be read as images: bee/1.jpg, notes.png;" in capsys.readouterr().out
 
 
 def _exits_naming(nproc: int, script: str, overrides: list[str], bad: Path) -> None:

@@ -97,3 +97,25 @@ def test_fused_normalisation_matches_torchvision() -> None:
     # float32 rounding of two formulations of the same affine map: a few ulps of values up to ~2.6.
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
     assert isinstance(got, tv_tensors.Image) and mask.dtype == torch.uint8
+
+
+def test_loader_workers_are_capped_to_the_cores_each_process_has(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """data.num_workers=8 with 2 cores and 2 processes on the node: 1 worker per process (torch warns above the
+    cores), said once; the share follows the processes per node, at least 1; 0 stays 0."""
+    from src.data import worker_cap as module
+
+    monkeypatch.setattr(module, "available_cores", lambda: 2)
+    monkeypatch.setattr(module, "_noted", set())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with caplog.at_level("INFO", logger=module.__name__):
+        assert [module.loader_workers(n) for n in (0, 1, 8, 8)] == [0, 1, 1, 1]
+        loader = build_train_loader(build_datasets(_cfg(), seed=0).train, _cfg(num_workers=8), 0, 2, seed=0)
+        assert loader.num_workers == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.num_workers=8: using 1 loader worker(s) per process, the share of the 2 CPU core(s) this process may use "
+        "among the 2 process(es) on this node (more would compete with each other and with the model)"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert module.loader_workers(8) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert module.loader_workers(8) == 1

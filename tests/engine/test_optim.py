@@ -74,3 +74,17 @@ def test_unsupported_parameters_fall_back_or_fail_clearly() -> None:
     assert not build_optimizer(model, OptimConfig(name="adamw"), effective_batch=4).defaults["fused"]
     with pytest.raises(ValueError, match=r"optim.fused=true: the fused AdamW .* has torch.complex64 on cpu"):
         build_optimizer(model, OptimConfig(name="adamw", fused=True), effective_batch=4)
+
+
+@pytest.mark.parametrize("reference, effective, lr, how", [
+    (128, 64, 0.05, "lr 0.05 = optim.lr 0.1 for optim.reference_batch_size=128 images, at an effective batch of 64 "
+                    "(scaled linearly by 64/128)"),
+    (None, 64, 0.1, "lr 0.1 = optim.lr, not scaled with the effective batch of 64 (optim.reference_batch_size is "
+                    "null)"),
+], ids=["scaled", "as_given"])
+def test_the_lr_used_and_how_it_was_scaled_are_logged(caplog: pytest.LogCaptureFixture, reference: int | None,
+                                                      effective: int, lr: float, how: str) -> None:
+    with caplog.at_level("INFO", logger="src.engine.optim"):
+        optimizer = build_optimizer(_model(), OptimConfig(lr=0.1, reference_batch_size=reference), effective)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([lr] * len(optimizer.param_groups))
+    assert [r.getMessage() for r in caplog.records] == [how]

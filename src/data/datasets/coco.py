@@ -91,6 +91,7 @@ class CocoDetectionSet(Dataset):
         keys = {"boxes", "labels", "masks"} if masks else {"boxes", "labels"}
         self._samples = datasets.wrap_dataset_for_transforms_v2(base, target_keys=keys)
         self.truths = image_truths(annotations) if evaluation else None
+        self.classes = ["background"] + [name for _, name in annotations.categories]  # label k's name (pictures)
 
     def __len__(self) -> int:
         return len(self.image_ids)

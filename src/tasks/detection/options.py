@@ -10,7 +10,10 @@ class DetectionPredict:
     """predict.py's keys for detection."""
 
     score_threshold: float = 0.3  # boxes scoring less are not written (or drawn)
-    draw: bool = False  # also out/boxes/<input path>.png, each input with its boxes drawn
+    draw: bool = False  # also out/boxes/<input path>.png, each input (enlarged) with its boxes drawn
+    # draw=true draws one box per object: of boxes overlapping by IoU > 0.5, whatever their classes, the best
+    # (src/tasks/detection/pictures.py); true draws every box scoring at least score_threshold.
+    draw_every_box: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the bad key."""

@@ -20,7 +20,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torchvision.io import write_png
-from torchvision.utils import draw_bounding_boxes, make_grid
 
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
@@ -30,7 +29,9 @@ from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.detection.options import DetectionPredict
+from src.tasks.detection.pictures import detection_picture, truth_tiles
 from src.tasks.detection.transforms import DETECTION_DATA
+from src.tasks.pictures import TENSORBOARD_LONG_SIDE, dataset_class_names, fixed_sample_indices, unit_to_uint8
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
@@ -119,12 +120,6 @@ def write_predictions_json(path: Path, names: list[str], predictions: list[dict[
     return len(rows)
 
 
-def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, labels: list[str], colour: str = "red") -> torch.Tensor:
-    """A float [3, H, W] image in 0..1 with its boxes drawn (uint8 [3, H, W])."""
-    pixels = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
-    return draw_bounding_boxes(pixels, boxes.detach().float().cpu(), labels=labels, colors=colour, width=1)
-
-
 def refuse_list_batch_settings(config: Any, task: str, targets: str, dynamic: str) -> None:
     """Refuse, before any process starts, what a task of torchvision-style detectors (lists of images of their own
     sizes, the model computing its own losses) cannot do; `targets`/`dynamic` name what its batches carry and
@@ -181,43 +176,39 @@ class Detection(Task):
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
                           std: Sequence[float]) -> None:
         """The first training images with their ground-truth boxes."""
-        tiles = [draw_boxes(im, t["boxes"], [str(int(c)) for c in t["labels"]], "lime")
-                 for im, t in list(zip(images, targets))[:8]]
-        if tiles and len({tuple(t.shape) for t in tiles}) == 1:
-            writer.add_image("train/samples", make_grid(torch.stack(tiles), nrow=4, padding=2), global_step=step,
-                             dataformats="CHW")
+        grid = truth_tiles(images, targets)
+        if grid is not None:
+            writer.add_image("train/samples", grid, global_step=step, dataformats="CHW")
 
     def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
                           mean: Sequence[float], std: Sequence[float], amp: str) -> None:
-        """A few fixed validation images with ground truth (green) and predictions scoring >= 0.3 (red)."""
+        """A few fixed validation images: ground truth (white) under the predictions scoring >= 0.3, drawn as
+        predict.py draws them (one box per object, class colours, labels, legend)."""
         from src.precision import autocast, model_dtype
-        from src.tasks.pictures import fixed_sample_indices
         from src.unwrap import eval_mode, unwrap_model
 
-        net = unwrap_model(model)
+        net, names = unwrap_model(model), dataset_class_names(dataset)
         for n, index in enumerate(fixed_sample_indices(len(dataset), 4)):
             image, target = dataset[index][:2]
             with eval_mode(net), torch.inference_mode(), autocast(amp, device):
                 pred = _cpu_prediction(net([image.to(device, model_dtype(net))])[0])
-            keep = pred["scores"] >= PICTURE_SCORE
-            drawn = draw_boxes(image, target["boxes"], [""] * len(target["boxes"]), "lime")
-            drawn = draw_boxes(drawn.float() / 255, pred["boxes"][keep],
-                               [f"{int(c)}:{s:.2f}" for c, s in zip(pred["labels"][keep], pred["scores"][keep])])
+            drawn = detection_picture(unit_to_uint8(image), pred, names, score_threshold=PICTURE_SCORE,
+                                      truth=target["boxes"], min_long_side=TENSORBOARD_LONG_SIDE)
             writer.add_image(f"val/detections_{n}", drawn, global_step=step, dataformats="CHW")
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
                 class_names: list[str], batch_count: int, options: DetectionPredict) -> Path:
         """out/predictions.json: one row per box scoring at least `score_threshold`; with draw=true also
-        out/boxes/<input path>.png, each input with its boxes."""
+        out/boxes/<input path>.png, each input enlarged with its boxes (pictures.py: one per object unless
+        draw_every_box=true)."""
         draw, score_threshold = options.draw, options.score_threshold
         rows: list[tuple[int, dict[str, torch.Tensor]]] = []
         for batch in batches:
             rows += [(int(i), _cpu_prediction(p)) for i, p in zip(batch.indices, forward(batch))]
             if draw:
                 for image, i, (_, p) in zip(batch.images, batch.indices, rows[-batch.size:]):
-                    keep = p["scores"] >= score_threshold
-                    picture = draw_boxes(image, p["boxes"][keep], [f"{class_names[c]} {s:.2f}" for c, s in
-                                                                   zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())])
+                    picture = detection_picture(unit_to_uint8(image), p, class_names, score_threshold=score_threshold,
+                                                every_box=options.draw_every_box)
                     target = out_dir / BOXES_FOLDER / files[int(i)].with_suffix(".png")
                     target.parent.mkdir(parents=True, exist_ok=True)
                     write_png(picture, str(target))

@@ -10,7 +10,8 @@ class InstanceSegmentationPredict:
     """predict.py's keys for instance segmentation."""
 
     score_threshold: float = 0.3  # instances scoring less are not written (or drawn)
-    draw: bool = False  # also out/masks/<input path>.png, each input with its masks and boxes drawn
+    draw: bool = False  # also out/masks/<input path>.png, each input (enlarged) with its masks and boxes drawn
+    draw_every_box: bool = False  # as detection's: true draws every instance, not only the best per object
 
     def validate(self) -> None:
         """Raise ValueError naming the bad key."""

@@ -1,17 +1,16 @@
 """Instance segmentation's files: one JSON row per instance (its box, class, score and RLE mask), and pictures of
-an image with its masks and boxes drawn (torchvision.utils.draw_segmentation_masks)."""
+an image with its masks and boxes drawn (detection's picture with the masks over it)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
-from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
+from src.tasks.detection.pictures import detection_picture
 from src.tasks.instance_segmentation.masks import decode
-
-MASK_ALPHA = 0.5  # the masks' opacity over the image
+from src.tasks.pictures import MIN_LONG_SIDE
 
 
 def write_instances_json(path: Path, names: list[str], predictions: list[dict[str, Any]], class_names: list[str], *,
@@ -30,15 +29,10 @@ def write_instances_json(path: Path, names: list[str], predictions: list[dict[st
     return len(rows)
 
 
-def draw_instances(image: torch.Tensor, prediction: dict[str, Any], labels: list[str],
-                   keep: torch.Tensor | None = None) -> torch.Tensor:
-    """A float [3, H, W] image in 0..1 with the instances' masks (one colour each) and boxes drawn (uint8)."""
-    pixels = (image.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+def draw_instances(pixels: torch.Tensor, prediction: dict[str, Any], class_names: Sequence[str] | None, *,
+                   score_threshold: float, every_box: bool = False, min_long_side: int = MIN_LONG_SIDE) -> torch.Tensor:
+    """A uint8 [3, H, W] image enlarged, with the chosen instances' masks and boxes in their classes' colours, labelled
+    with class and score, and a legend: detection's picture (src/tasks/detection/pictures.py) with the masks."""
     height, width = pixels.shape[-2:]
-    masks = decode(prediction["rles"], height, width)
-    boxes = prediction["boxes"].detach().float().cpu().reshape(-1, 4)
-    if keep is not None:
-        masks, boxes = masks[keep], boxes[keep]
-    if len(masks):
-        pixels = draw_segmentation_masks(pixels, masks, alpha=MASK_ALPHA)
-    return draw_bounding_boxes(pixels, boxes, labels=labels, colors="red", width=1)
+    return detection_picture(pixels, prediction, class_names, score_threshold=score_threshold, every_box=every_box,
+                             masks=decode(prediction["rles"], height, width), min_long_side=min_long_side)

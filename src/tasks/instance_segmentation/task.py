@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torchvision.io import write_png
-from torchvision.utils import draw_segmentation_masks, make_grid
 
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
@@ -29,12 +28,14 @@ from src.data.samplers import check_each_index_once
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth
-from src.tasks.detection.task import detection_loss, draw_boxes, refuse_list_batch_settings
+from src.tasks.detection.pictures import truth_tiles
+from src.tasks.detection.task import detection_loss, refuse_list_batch_settings
 from src.tasks.evaluation import check_each_sample_once
 from src.tasks.instance_segmentation.masks import binarise, encode, instance_truth, mask_results
 from src.tasks.instance_segmentation.options import InstanceSegmentationPredict
 from src.tasks.instance_segmentation.predictions import draw_instances, write_instances_json
 from src.tasks.instance_segmentation.transforms import INSTANCE_SEGMENTATION_DATA
+from src.tasks.pictures import TENSORBOARD_LONG_SIDE, dataset_class_names, fixed_sample_indices, unit_to_uint8
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
@@ -142,48 +143,41 @@ class InstanceSegmentation(Task):
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],
                           std: Sequence[float]) -> None:
         """The first training images with their ground-truth masks and boxes."""
-        tiles = []
-        for image, target in list(zip(images, targets))[:8]:
-            drawn = draw_boxes(image, target["boxes"], [str(int(c)) for c in target["labels"]], "lime")
-            if len(target["masks"]):
-                drawn = draw_segmentation_masks(drawn, target["masks"].cpu().bool(), alpha=0.5)
-            tiles.append(drawn)
-        if tiles and len({tuple(t.shape) for t in tiles}) == 1:
-            writer.add_image("train/samples", make_grid(torch.stack(tiles), nrow=4, padding=2), global_step=step,
-                             dataformats="CHW")
+        grid = truth_tiles(images, targets)
+        if grid is not None:
+            writer.add_image("train/samples", grid, global_step=step, dataformats="CHW")
 
     def log_eval_pictures(self, writer: Any, model: Any, dataset: Any, step: int, device: torch.device, *,
                           mean: Sequence[float], std: Sequence[float], amp: str) -> None:
-        """A few fixed validation images with their predicted masks and boxes scoring >= 0.3."""
+        """A few fixed validation images with their predicted masks and boxes scoring >= 0.3, drawn as predict.py
+        draws them."""
         from src.precision import autocast, model_dtype
-        from src.tasks.pictures import fixed_sample_indices
         from src.unwrap import eval_mode, unwrap_model
 
-        net = unwrap_model(model)
+        net, names = unwrap_model(model), dataset_class_names(dataset)
         for n, index in enumerate(fixed_sample_indices(len(dataset), 4)):
             image = dataset[index][0]
             with eval_mode(net), torch.inference_mode(), autocast(amp, device):
                 pred = instances(net([image.to(device, model_dtype(net))])[0])
-            keep = pred["scores"] >= PICTURE_SCORE
-            labels = [f"{int(c)}:{s:.2f}" for c, s in zip(pred["labels"][keep], pred["scores"][keep])]
-            writer.add_image(f"val/instances_{n}", draw_instances(image, pred, labels, keep), global_step=step,
-                             dataformats="CHW")
+            drawn = draw_instances(unit_to_uint8(image), pred, names, score_threshold=PICTURE_SCORE,
+                                   min_long_side=TENSORBOARD_LONG_SIDE)
+            writer.add_image(f"val/instances_{n}", drawn, global_step=step, dataformats="CHW")
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
                 class_names: list[str], batch_count: int, options: InstanceSegmentationPredict) -> Path:
         """out/predictions.json: one row per instance scoring at least `score_threshold`, its mask as COCO's RLE;
-        with draw=true also out/masks/<input path>.png, each input with its masks and boxes."""
+        with draw=true also out/masks/<input path>.png, each input enlarged with its masks and boxes (one instance per
+        object unless draw_every_box=true)."""
         rows: list[tuple[int, dict[str, Any]]] = []
         for batch in batches:
             rows += [(int(i), instances(p)) for i, p in zip(batch.indices, forward(batch))]
             if options.draw:
                 for image, i, (_, p) in zip(batch.images, batch.indices, rows[-batch.size:]):
-                    keep = p["scores"] >= options.score_threshold
-                    labels = [f"{class_names[c]} {s:.2f}" for c, s in
-                              zip(p["labels"][keep].tolist(), p["scores"][keep].tolist())]
                     target = out_dir / MASKS_FOLDER / files[int(i)].with_suffix(".png")
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    write_png(draw_instances(image, p, labels, keep), str(target))
+                    picture = draw_instances(unit_to_uint8(image), p, class_names,
+                                             score_threshold=options.score_threshold, every_box=options.draw_every_box)
+                    write_png(picture, str(target))
         gathered = sorted((r for part in comm.all_gather_object(rows) for r in part), key=lambda r: r[0])
         check_each_index_once([r[0] for r in gathered], len(files), "inputs", EACH_ONCE_HINT)
         path = out_dir / PREDICTIONS_JSON

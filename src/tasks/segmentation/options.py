@@ -30,3 +30,19 @@ class SegmentationOptions:
     """What segmentation's loss reads (Segmentation.options)."""
 
     aux_weight: float = 0.0  # weight of the auxiliary head's loss (model.aux_loss_weight of the models that have one)
+
+
+@dataclass
+class SegmentationPredict:
+    """predict.py's key for segmentation (the same key as detection's, so one key)."""
+
+    draw: bool = False  # also out/overlays/<input path>.png: each input (enlarged) with its mask over it, a legend
+
+
+@dataclass(frozen=True)
+class SegmentationPredictSettings:
+    """What Segmentation.predict reads: its key, and the run's normalisation, to show the inputs as they were."""
+
+    draw: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]

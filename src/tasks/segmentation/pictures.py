@@ -1,5 +1,9 @@
-"""Segmentation's TensorBoard pictures: image | ground truth | prediction panels, coloured with the palette of
-the PNG exports (src/data/segmentation/palette.py). Rank 0 only, never communicating (src/tasks/pictures.py).
+"""Segmentation's pictures: a mask laid over its image, each class in its colour (the colours of every task's
+pictures, brighter than the palette of the mask PNGs), enlarged to be read, with a legend of the classes it shows;
+for predict.py draw=true (one picture per input) and TensorBoard (image | ground truth | prediction rows). Rank 0
+only, never communicating (src/tasks/pictures.py).
+
+A class named "background" (any case, underscores ignored: "_background_") is left clear, not tinted black.
 """
 from __future__ import annotations
 
@@ -9,21 +13,44 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.data.segmentation.palette import color_palette
 from src.precision import autocast, model_dtype, upcast
-from src.tasks.pictures import fixed_sample_indices, to_uint8_image
+from src.tasks.pictures import (MIN_LONG_SIDE, TENSORBOARD_LONG_SIDE, Colour, add_legend, class_colour, class_name,
+                                dataset_class_names, enlarge, enlargement, fixed_sample_indices, overlay_masks,
+                                to_uint8_image)
 from src.unwrap import eval_mode, unwrap_model
 
-_IGNORE_COLOUR = (255, 255, 255)  # ignored pixels are drawn white in the ground-truth panel
+_IGNORE_COLOUR = (255, 255, 255)  # ignored pixels (the ground truth's ignore_index) are tinted white
 
 
-def colorize_mask(mask: torch.Tensor, ignore_index: int = 255) -> torch.Tensor:
-    """[H, W] class indices -> [3, H, W] uint8 RGB; `ignore_index` pixels white."""
-    palette = torch.from_numpy(color_palette())
+def is_background(name: str) -> bool:
+    """Whether a class is the background, which overlays leave clear."""
+    return name.strip("_ ").lower() == "background"
+
+
+def tint(pixels: torch.Tensor, mask: torch.Tensor, class_names: Sequence[str] | None,
+         ignore_index: int = 255) -> tuple[torch.Tensor, list[int]]:
+    """uint8 [3, H, W] `pixels` with every class of `mask` [H, W] (same size) laid over it in its colour (the
+    background left clear, `ignore_index` white); and the classes shown."""
     m = mask.detach().to("cpu", torch.int64)
-    rgb = palette[m.clamp(0, 255)]
-    rgb[m == ignore_index] = torch.tensor(_IGNORE_COLOUR, dtype=torch.uint8)
-    return rgb.permute(2, 0, 1).contiguous()
+    shown = [c for c in torch.unique(m).tolist()
+             if c != ignore_index and not is_background(class_name(class_names, c))]
+    layers = [m == c for c in shown] + ([m == ignore_index] if (m == ignore_index).any() else [])
+    colours = [class_colour(c) for c in shown] + [_IGNORE_COLOUR] * (len(layers) - len(shown))
+    return overlay_masks(pixels, torch.stack(layers) if layers else m[:0].bool(), colours), shown
+
+
+def legend(classes: Sequence[int], class_names: Sequence[str] | None) -> list[tuple[str, Colour]]:
+    """Legend entries for these classes, in class order."""
+    return [(class_name(class_names, c), class_colour(c)) for c in sorted(set(classes))]
+
+
+def segmentation_overlay(pixels: torch.Tensor, mask: torch.Tensor, class_names: Sequence[str] | None, *,
+                         min_long_side: int = MIN_LONG_SIDE) -> torch.Tensor:
+    """predict.py's picture: the uint8 image `pixels` [3, H, W] enlarged (long side >= min_long_side) with the
+    predicted `mask` [H, W] over it and a legend of the classes it shows."""
+    factor = enlargement(*pixels.shape[-2:], min_long_side)
+    picture, shown = tint(enlarge(pixels.cpu(), factor), enlarge(mask.cpu(), factor), class_names)
+    return add_legend(picture, legend(shown, class_names))
 
 
 def _sample(dataset: Any, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,14 +73,17 @@ def segmentation_panels(
     std: Sequence[float] | None = None,
     ignore_index: int = 255,
     amp: str = "none",
+    min_long_side: int = TENSORBOARD_LONG_SIDE,
 ) -> torch.Tensor:
-    """One uint8 [3, H, W] picture: a row per index, image | ground truth | prediction, each at its own size.
+    """One uint8 [3, H, W] picture: a row per index, image | ground truth | prediction, the masks over the image,
+    each enlarged to a long side >= min_long_side, and a legend of every class shown.
 
     Rows keep their own height; narrower rows are padded (black) on the right to the widest.
     """
     device = torch.device(device)
     net = unwrap_model(model)
-    rows = []
+    names = dataset_class_names(dataset)
+    rows, shown = [], set()
     with eval_mode(net):
         for index in indices:
             image, target = _sample(dataset, index)
@@ -63,12 +93,16 @@ def segmentation_panels(
             if logits.shape[-2:] != target.shape[-2:]:
                 logits = F.interpolate(logits, size=target.shape[-2:], mode="bilinear", align_corners=False)
             pred = logits.argmax(1)[0]
-            rows.append(torch.cat([to_uint8_image(image, mean, std), colorize_mask(target, ignore_index),
-                                   colorize_mask(pred, ignore_index)], dim=2))
+            factor = enlargement(*target.shape[-2:], min_long_side)
+            pixels = enlarge(to_uint8_image(image, mean, std), factor)
+            truth, truth_shown = tint(pixels, enlarge(target.cpu(), factor), names, ignore_index)
+            predicted, pred_shown = tint(pixels, enlarge(pred.cpu(), factor), names, ignore_index)
+            shown.update(truth_shown + pred_shown)
+            rows.append(torch.cat([pixels, truth, predicted], dim=2))
     if not rows:
         return torch.zeros(3, 1, 1, dtype=torch.uint8)
     width = max(r.shape[2] for r in rows)
-    return torch.cat([_pad_to(r, r.shape[1], width) for r in rows], dim=1)
+    return add_legend(torch.cat([_pad_to(r, r.shape[1], width) for r in rows], dim=1), legend(shown, names))
 
 
 def log_segmentation_panels(

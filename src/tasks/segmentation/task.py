@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torchvision.io import write_png
 
 from src import comm
 from src.data.samplers import check_each_index_once
@@ -21,11 +22,13 @@ from src.data.segmentation.palette import save_mask_png
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once, custom_loss
+from src.tasks.pictures import to_uint8_image
 from src.tasks.registry import register_task
 from src.tasks.segmentation.exports import export_segmentation, gather_masks
 from src.tasks.segmentation.metrics import ConfusionMatrix
-from src.tasks.segmentation.options import SegmentationData, SegmentationOptions
-from src.tasks.segmentation.predictions import mask_names
+from src.tasks.segmentation.options import (SegmentationData, SegmentationOptions, SegmentationPredict,
+                                            SegmentationPredictSettings)
+from src.tasks.segmentation.predictions import OVERLAYS_FOLDER, mask_names, overlay_names
 from src.tasks.segmentation.transforms import SEGMENTATION_DATA
 
 EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"
@@ -109,6 +112,7 @@ class Segmentation(Task):
     per_class_prefix = "iou_"
     data = SEGMENTATION_DATA
     config_options = {"data": SegmentationData}
+    predict_options = SegmentationPredict
 
     def options(self, config: Any) -> SegmentationOptions:
         """The auxiliary head's loss weight (model.aux_loss_weight of the models that have one)."""
@@ -134,18 +138,31 @@ class Segmentation(Task):
         log_segmentation_panels(writer, model, dataset, step, device, mean=mean, std=std, ignore_index=IGNORE_INDEX,
                                 amp=amp)
 
+    def predict_settings(self, cfg: Any, config: Any = None) -> SegmentationPredictSettings:
+        """draw, and the trained run's data.mean / data.std (its inputs are drawn as they were, not normalised)."""
+        options = super().predict_settings(cfg)
+        data = getattr(config, "data", None)
+        return SegmentationPredictSettings(draw=options.draw, mean=tuple(getattr(data, "mean", (0.0,) * 3)),
+                                           std=tuple(getattr(data, "std", (1.0,) * 3)))
+
     def predict_batch_size(self, requested: int) -> int:
         """One image per batch: each is predicted at its own size."""
         return 1
 
     def predict(self, batches: Any, forward: Callable[[Any], Any], *, files: list[Path], out_dir: Path,
                 class_names: list[str], batch_count: int, options: Any) -> Path:
-        """One palette PNG per input (pixel value = class); masks reach rank 0 in rounds (gather_masks)."""
+        """One palette PNG per input (pixel value = class); masks reach rank 0 in rounds (gather_masks). With
+        draw=true each rank also writes its inputs' overlays, out/overlays/<input path>.png (pictures.py)."""
         targets = mask_names(files)
+        drawn = overlay_names(files) if options is not None and options.draw else None
 
         def masks() -> Iterator[tuple[int, np.ndarray]]:
             for batch in batches:
                 pred = upcast(segmentation_logits(forward(batch))).argmax(dim=1).to(torch.uint8).cpu()
+                if drawn is not None:
+                    for image, i, mask in zip(batch.images, batch.indices, pred):
+                        _write_overlay(out_dir / drawn[int(i)], to_uint8_image(image, options.mean, options.std),
+                                       mask, class_names)
                 yield from ((int(i), m.numpy()) for i, m in zip(batch.indices, pred))
 
         def write(index: int, mask: np.ndarray) -> None:
@@ -157,8 +174,9 @@ class Segmentation(Task):
         check_each_index_once(seen, len(files), "inputs", EACH_ONCE_HINT)
         if comm.is_main_process():
             legend = ", ".join(f"{i}={n}" for i, n in enumerate(class_names))
+            overlays = f"; overlays under {out_dir / OVERLAYS_FOLDER}" if drawn is not None else ""
             print(f"predicted {len(seen)} mask(s) on {comm.get_world_size()} process(es) under {out_dir} "
-                  f"(palette PNGs, pixel value = class: {legend})", flush=True)
+                  f"(palette PNGs, pixel value = class: {legend}){overlays}", flush=True)
         return out_dir
 
     def export_output(self, outputs: Any) -> torch.Tensor:
@@ -171,3 +189,10 @@ class Segmentation(Task):
 
 
 SEGMENTATION = register_task(Segmentation())
+
+
+def _write_overlay(path: Path, pixels: torch.Tensor, mask: torch.Tensor, class_names: list[str]) -> None:
+    from src.tasks.segmentation.pictures import segmentation_overlay
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_png(segmentation_overlay(pixels, mask, class_names), str(path))

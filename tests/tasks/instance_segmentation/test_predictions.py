@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image
 
@@ -37,6 +38,7 @@ def _predict(tmp_path: Path, draw: bool, threshold: float) -> list[dict]:
     return json.loads(path.read_text())
 
 
+@pytest.mark.usefixtures("one_thread")  # the drawing: many small tensor operations, slowed by threads when busy
 def test_rows_hold_each_instance_as_coco_rle(tmp_path: Path) -> None:
     rows = _predict(tmp_path, draw=True, threshold=0.0)
     assert [(r["file"], r["class"], r["score"]) for r in rows] == [
@@ -45,8 +47,10 @@ def test_rows_hold_each_instance_as_coco_rle(tmp_path: Path) -> None:
         expected = _output(h, w)["masks"][0 if row["class"] == "square" else 1, 0] > MASK_THRESHOLD
         assert row["segmentation"]["size"] == [h, w]
         assert torch.equal(decode([row["segmentation"]], h, w)[0], expected)
-    assert Image.open(tmp_path / "masks" / "a.png").size == (16, 20)
-    assert Image.open(tmp_path / "masks" / "d" / "b.png").size == (24, 14)
+    # Enlarged by whole factors to a long side of at least 512 px (26 and 22), a legend on the right.
+    for name, (height, width), factor in (("a.png", (20, 16), 26), ("d/b.png", (14, 24), 22)):
+        drawn = Image.open(tmp_path / "masks" / name)
+        assert drawn.height == height * factor and drawn.width > width * factor, name
 
 
 def test_score_threshold_and_no_drawing(tmp_path: Path) -> None:
@@ -67,6 +71,7 @@ def test_rle_round_trip_and_the_ground_truth_of_masks() -> None:
     assert [a["bbox"] for a in truth.annotations] == [[2.0, 1.0, 4.0, 3.0], [0.0, 5.0, 7.0, 4.0]]
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_pictures(writer) -> None:
     from src.data.datasets.shapes_inst import ShapesInstances
     from src.models import build_model

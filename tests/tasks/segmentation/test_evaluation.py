@@ -138,20 +138,31 @@ def test_segmentation_loss_is_pixel_weighted_cross_entropy() -> None:
     assert res["loss"] == pytest.approx(num / den, rel=1e-6)
 
 
+@pytest.mark.usefixtures("one_thread")  # many small tensor operations, which threads only slow down when busy
 def test_segmentation_panels_show_image_truth_prediction_rows(writer) -> None:
-    from src.tasks.segmentation.pictures import colorize_mask, color_palette, fixed_sample_indices, log_segmentation_panels
+    from src.tasks.pictures import TENSORBOARD_LONG_SIDE, class_colour, enlarge, enlargement, to_uint8_image
+    from src.tasks.segmentation.pictures import fixed_sample_indices, log_segmentation_panels
 
     data, model = SegData(), tiny_segmenter().train()
     chosen = log_segmentation_panels(writer, model, data, 7, "cpu", count=3)
     assert chosen == fixed_sample_indices(NUM_SEG_IMAGES, 3) == [0, 6, 12]
     assert model.training  # mode restored
     tag, panel, step = writer.images[0]
-    heights = [data.items[i][0].shape[1] for i in chosen]
-    widths = [data.items[i][0].shape[2] for i in chosen]
+    # Each row enlarged by a whole factor to a long side of at least 256 px, a legend on the right.
+    factors = [enlargement(*data.items[i][0].shape[1:], TENSORBOARD_LONG_SIDE) for i in chosen]
+    heights = [data.items[i][0].shape[1] * f for i, f in zip(chosen, factors)]
+    widths = [data.items[i][0].shape[2] * f for i, f in zip(chosen, factors)]
     assert (tag, step, panel.dtype) == ("val/panels", 7, torch.uint8)
-    assert panel.shape == (3, sum(heights), 3 * max(widths))
-    # second panel of the first row is the coloured ground truth; its ignored top row is white
-    h0, w0 = heights[0], widths[0]
-    assert torch.equal(panel[:, :h0, w0:2 * w0], colorize_mask(data.items[0][1]))
-    assert (panel[:, 0, w0:2 * w0] == 255).all()
-    assert color_palette()[1].tolist() == [128, 0, 0]  # VOC colours
+    assert panel.shape[1] == sum(heights) and panel.shape[2] > 3 * max(widths)
+    # The first row: the image, then the ground truth over it, each class half-blended in its colour and outlined in
+    # it; the ignored top rows tinted white.
+    h0, w0, (x, y, _) = heights[0], widths[0], data[0]
+    image, truth, mask = enlarge(to_uint8_image(x), factors[0]), panel[:, :h0, w0:2 * w0].int(), enlarge(y, factors[0])
+    assert torch.equal(panel[:, :h0, :w0], image)
+    labels = torch.unique(y).tolist()
+    assert 255 in labels and len(labels) >= 3
+    for label in labels:
+        colour = torch.tensor((255, 255, 255) if label == 255 else class_colour(label)).view(3, 1)
+        shown, beneath = truth[:, mask == label], image.int()[:, mask == label]
+        blended, outline = ((shown - (beneath + colour) / 2).abs() <= 1).all(0), (shown == colour).all(0)
+        assert (blended | outline).all() and blended.float().mean() > 0.5 and outline.any(), label
