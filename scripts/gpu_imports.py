@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib.metadata as md
 import re
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
@@ -82,10 +84,16 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a repository file, read once per process (scripts/torch_api_names.py reads them too)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(path: Path) -> list[tuple[str, bool]]:
     """(absolute module name, at import time?) for every import statement of `path`; `from X import y` gives
     both X.y (in case y is a module) and X."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     out: list[tuple[str, bool]] = []
 
@@ -132,11 +140,8 @@ def root_files() -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def third_party_imports() -> dict[str, set[str]]:
-    """top-level third-party module -> the repository files that import it at import time."""
-    stdlib = set(sys.stdlib_module_names)
-    found: dict[str, set[str]] = {m.split(".")[0]: {"gpu_check.sh"} for m in ROOT_MODULES
-                                  if _module_file(m, [REPO]) is None}
+def _walk() -> Iterator[tuple[Path, list[tuple[str, bool]]]]:
+    """(file, its imports as `_imports` gives them) for every repository file on the gpu-check path."""
     todo = root_files()
     seen: set[Path] = set()
     while todo:
@@ -150,12 +155,30 @@ def third_party_imports() -> dict[str, set[str]]:
             # statement names them, so they are taken as imported
             todo.extend(f for f in path.parent.glob("*.py") if f != path)
             todo.extend(f / "__init__.py" for f in path.parent.iterdir() if (f / "__init__.py").is_file())
-        for name, top in _imports(path):
+        imports = _imports(path)
+        for name, _ in imports:  # each repository module imported, and every package above it, runs
             parts = name.split(".")
-            local = [f for k in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:k]), search))]
-            if local:
-                todo.extend(local)  # the module and every package above it run
-            elif top and parts[0] not in stdlib and not parts[0].startswith("_") and parts[0] != "__future__":
+            todo.extend(f for k in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:k]), search)))
+        yield path, imports
+
+
+def gpu_check_files() -> list[Path]:
+    """Every repository file the gpu-check path runs or imports (at any depth), sorted."""
+    return sorted(path for path, _ in _walk())
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """top-level third-party module -> the repository files that import it at import time."""
+    stdlib = set(sys.stdlib_module_names)
+    found: dict[str, set[str]] = {m.split(".")[0]: {"gpu_check.sh"} for m in ROOT_MODULES
+                                  if _module_file(m, [REPO]) is None}
+    for path, imports in _walk():
+        search = [path.parent, REPO] if "scripts" in path.relative_to(REPO).parts[:1] else [REPO]
+        for name, top in imports:
+            parts = name.split(".")
+            if any(_module_file(".".join(parts[:k]), search) for k in range(1, len(parts) + 1)):
+                continue
+            if top and parts[0] not in stdlib and not parts[0].startswith("_") and parts[0] != "__future__":
                 found.setdefault(parts[0], set()).add(str(path.relative_to(REPO)))
     return found
 
