@@ -2,6 +2,7 @@
 
     python scripts/gpu_imports.py                  # the distributions, and which the GPU node lacks
     python scripts/gpu_imports.py --node-like      # name==version of what is installed here and on the node
+    python scripts/gpu_imports.py --unimportable   # the modules this Python cannot import (gpu_check.sh's preflight)
 
 Read from the source, not by running it (nothing here needs torch or a GPU): the files scripts/gpu_check.sh
 runs (ROOT_FILES, ROOT_MODULES and the test files of scripts/gpu_check_tests.txt), then every repository
@@ -20,13 +21,11 @@ import argparse
 import ast
 import functools
 import importlib.metadata as md
+import importlib.util
 import re
 import sys
 from pathlib import Path
 from typing import Iterator
-
-from packaging.markers import Marker
-from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_LIST = REPO / "scripts" / "gpu_check_tests.txt"
@@ -205,6 +204,10 @@ def node_packages(path: Path = GPU_NODE_PACKAGES) -> set[str]:
 
 def _requirements(dist: str) -> list[str]:
     """The distributions `dist` (installed here) needs on the GPU node's Python."""
+    # Here, not at the top: the preflight's --unimportable runs on a node's Python, which may lack packaging.
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
     out = []
     for text in md.requires(dist) or []:
         req = Requirement(text)
@@ -241,6 +244,16 @@ def split_by_node(needed: dict[str, set[str]], node: set[str]) -> tuple[dict[str
     return dict(sorted(carry.items())), dict(sorted(have.items()))
 
 
+# Imported by gpu_check.sh only where present (the per-test timeout): not missing when absent.
+OPTIONAL_MODULES = ("pytest_timeout",)
+
+
+def unimportable() -> dict[str, set[str]]:
+    """The modules of third_party_imports() that this interpreter cannot find, each with the files importing it."""
+    return {module: files for module, files in sorted(third_party_imports().items())
+            if module not in OPTIONAL_MODULES and importlib.util.find_spec(module) is None}
+
+
 # PyTorch and the libraries of its CUDA build: a node-like environment installs its own (make test-compat).
 TORCH_STACK = ("torch", "triton", "nvidia-", "cuda-")
 
@@ -264,7 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-like", action="store_true",
                         help="print name==version of every distribution installed here that the node has too, "
                              "PyTorch's own stack left out: what a node-like environment installs (make test-compat)")
+    parser.add_argument("--unimportable", action="store_true",
+                        help="print each module the gpu-check path imports that this Python cannot find, with the "
+                             "files importing it; exit status 1 if any (needs the standard library only)")
     args = parser.parse_args(argv)
+    if args.unimportable:
+        absent = unimportable()
+        for module, files in absent.items():
+            print(f"{module} (imported by {', '.join(sorted(files)[:3])}{', ...' if len(files) > 3 else ''})")
+        return 1 if absent else 0
     if args.node_like:
         for dist, version in node_like(node_packages(args.node_packages)).items():
             print(f"{dist}=={version}")
