@@ -33,9 +33,9 @@ GPU_NODE_PACKAGES = REPO / "scripts" / "gpu_node_packages.txt"
 # What scripts/gpu_check.sh runs besides the test files: scripts by path, modules by `-m`/`-c`, and train.py
 # (scripts/gpu_train_compare.py starts it under torchrun). A script that is absent (a step that reports it
 # missing) is left out.
-ROOT_FILES = ("scripts/gpu_check_probe.py", "scripts/gpu_check_report.py", "scripts/gpu_occupancy.py",
-              "scripts/bench_exchange_host.py", "scripts/bench_syncbn_cuda.py", "scripts/bench_loader.py",
-              "scripts/gpu_train_compare.py", "train.py")
+ROOT_FILES = ("scripts/gpu_check_probe.py", "scripts/gpu_check_report.py", "scripts/gpu_imports.py",
+              "scripts/gpu_occupancy.py", "scripts/bench_exchange_host.py", "scripts/bench_syncbn_cuda.py",
+              "scripts/bench_loader.py", "scripts/gpu_train_compare.py", "train.py")
 ROOT_MODULES = ("src.syncbn.extension", "src.syncbn.selfcheck", "pytest", "pytest_timeout", "torch.distributed.run",
                 "pip")  # pip installs the carried wheels
 # Distributions gpu_check.sh needs for a program rather than an import: ninja drives the extension's build.
