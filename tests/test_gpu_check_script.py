@@ -119,7 +119,7 @@ def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, 
     for call in calls:
         if call[0] != "sanitizer":
             path = call[3].removeprefix("PYTHONPATH=").split(":")
-            assert path[:2] == [str(REPO), "/caller/path"] and path[2].startswith(str(tmp_path / "gpu_check.")), call
+            assert path[:2] == [str(REPO), "/caller/path"] and path[-1].startswith(str(tmp_path / "gpu_check.")), call
             assert "carried_probe.py" in call[4], call
     report = _report(out)
     assert report["complete"] is True and report["passed"] is True and "stale" not in report
@@ -287,7 +287,7 @@ def test_a_forgotten_bundle_stops_the_preflight(fake_gpu_machine, tmp_path):
     env, out, log = fake_gpu_machine
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
-    proc = _run(env, out, REAL_PYTHON=str(bare / "bin" / "python"))
+    proc = _run(env, out, REAL_PYTHON=str(bare / "bin" / "python"), PYTHONPATH="/caller/path")  # no bundle there
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert _calls(log) == []
     report = _report(out)

@@ -96,7 +96,8 @@ def wheel(folder: Path) -> Path:
 
 def fake_machine(root: Path, real_python: str) -> dict[str, str]:
     """The fake executables under `root`, and the environment that points gpu_check.sh at them (the scratch
-    folder in `root`, no carried wheels, a caller's PYTHONPATH of /caller/path)."""
+    folder in `root`, no carried wheels, a caller's PYTHONPATH of /caller/path, then this process's own: under
+    `make test-compat` the bundle, which the preflight's import check needs)."""
     bin_dir, cuda = root / "bin", root / "cuda"
     write_executable(bin_dir / "python", FAKE_PYTHON)
     write_executable(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
@@ -108,7 +109,8 @@ def fake_machine(root: Path, real_python: str) -> dict[str, str]:
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
            "REAL_PYTHON": real_python, "CUDA_HOME": str(cuda), "FAKE_INCLUDE": str(root / "include"),
            "FAKE_LOG": str(root / "calls.log"), "SYNCTRAIN_EXTENSIONS_DIR": str(root / "ext"),
-           "GPU_CHECK_WHEELS": str(root / "no_wheels"), "TMPDIR": str(root), "PYTHONPATH": "/caller/path"}
+           "GPU_CHECK_WHEELS": str(root / "no_wheels"), "TMPDIR": str(root),
+           "PYTHONPATH": ":".join(["/caller/path", *filter(None, [os.environ.get("PYTHONPATH")])])}
     for key in ("FAKE_FAIL", "FAKE_SLOW", "FAKE_SECONDS", "GPU_CHECK_CAPS", "GPU_CHECK_BUDGET_S", "CXX",
                 "TORCH_CUDA_ARCH_LIST"):
         env.pop(key, None)
