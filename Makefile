@@ -52,9 +52,10 @@ test-fast: setup
 	$(PYTEST) -m "not slow and not docker and not slurm" $(ARGS)
 
 # part: gpu-tools
-# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, occupancy, the exchange's
-# host cost, `cuda` tests, compute-sanitizer, NCCL training compare, benchmarks; report in OUT (default
-# outputs/gpu_check): report.json, summary.txt, logs.tar.gz.
+# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests, NCCL training
+# compare; then, time permitting, occupancy, compute-sanitizer, the exchange's host cost, benchmarks; report in
+# OUT (default outputs/gpu_check): report.json, summary.txt, logs.tar.gz. Carry .whl (make gpu-bundle) to a node
+# without network, and allow the command about 450 s.
 # No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
 .PHONY: gpu-check gpu-bundle test-compat
 OUT ?= outputs/gpu_check
@@ -78,7 +79,7 @@ COMPAT_VENV ?= .venv-compat
 COMPAT_TESTS := tests/syncbn/test_kernels.py tests/syncbn/test_simt.py tests/syncbn/test_cuda_launches.py \
 	tests/syncbn/test_selfcheck_ranks.py tests/syncbn/test_emulated_syncbn.py tests/syncbn/test_fusable.py tests/syncbn/test_cuda_build.py \
 	tests/syncbn/test_occupancy_model.py tests/data/test_replay.py tests/test_gpu_check_script.py tests/test_gpu_bundle.py \
-	tests/test_process_group.py tests/test_gloo_harness.py
+	tests/test_process_group.py tests/test_gloo_harness.py tests/engine/test_wrap.py
 test-compat: gpu-bundle
 	bash scripts/compat_env.sh $(COMPAT_VENV) $(PY)
 	$(COMPAT_VENV)/bin/python scripts/torch_api_names.py --write tests/oldest_torch_api.txt
