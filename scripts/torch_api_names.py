@@ -5,7 +5,9 @@
 
 Read off the source (no import of the code): every attribute chain rooted at `torch` or `torchvision`
 (`torch.distributed.set_timeout`, `F.interpolate` after `import torch.nn.functional as F`,
-`from torch.distributed import set_timeout`) in src/, scripts/, the entry points and every repository file
+`from torch.distributed import set_timeout`), and every keyword argument passed to one
+(`torch.nn.parallel.DistributedDataParallel(forward_sync_buffers=)`; one without a readable signature, a
+builtin, counts as accepted) in src/, scripts/, the entry points and every repository file
 that `make gpu-check` runs (scripts/gpu_imports.py's reading of its path: the test files of
 scripts/gpu_check_tests.txt, their conftest.py files and the helpers they import). A use is *guarded* when
 the code already copes with the name missing:
@@ -14,7 +16,7 @@ the code already copes with the name missing:
   holds (`if hasattr(...)`, its `else` under `not`, `hasattr(...) and ...`, a module-level flag assigned
   from one, `pytest.mark.skipif(not hasattr(...))` on a test);
 - code under a PyTorch version test (`if` on `torch.__version__` or on a module-level name computed from it,
-  both branches);
+  both branches), and a keyword argument under `"k" in inspect.signature(f).parameters` (or a flag of it);
 - code inside `try:` with a handler for AttributeError or ImportError (named: a broad `except Exception`
   that reports any failure is no fallback).
 
@@ -28,11 +30,12 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import inspect
 import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -126,9 +129,26 @@ class _Reader(ast.NodeVisitor):
             return (frozenset({name}), frozenset()) if name else (frozenset(), frozenset())
         if isinstance(test, ast.Name) and test.id in self.flags:
             return self.flags[test.id]
+        if (keyword := self._signature_test(test)) is not None:
+            return frozenset({keyword}), frozenset()
         if _mentions_version(test, self.versions):
             return frozenset({ALL}), frozenset({ALL})
         return frozenset(), frozenset()
+
+    def _signature_test(self, test: ast.AST) -> str | None:
+        """`torch.a.f(k=)` for the test `"k" in inspect.signature(torch.a.f).parameters` (`f.__init__` alike)."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.In)
+                and isinstance(test.left, ast.Constant) and isinstance(test.left.value, str)):
+            return None
+        params = test.comparators[0]
+        if not (isinstance(params, ast.Attribute) and params.attr == "parameters" and isinstance(params.value, ast.Call)
+                and isinstance(params.value.func, (ast.Attribute, ast.Name)) and params.value.args):
+            return None
+        func = params.value.func
+        if (func.attr if isinstance(func, ast.Attribute) else func.id) != "signature":
+            return None
+        callee = self.chain(params.value.args[0])
+        return f"{callee.removesuffix('.__init__')}({test.left.value}=)" if callee else None
 
     def _attr_arg(self, call: ast.Call) -> str | None:
         """`torch.a.n` for hasattr/getattr(torch.a, "n", ...)."""
@@ -172,6 +192,10 @@ class _Reader(ast.NodeVisitor):
             for arg in (node.args[0], *node.args[2:]):  # the object asked (torch.a of torch.a.n) must exist
                 self.visit(arg)
             return
+        if (callee := self.chain(func)) is not None:
+            for keyword in node.keywords:  # a keyword argument is a name too: `torch.a.f(k=)`
+                if keyword.arg is not None:
+                    self.use(node, f"{callee}({keyword.arg}=)")
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
@@ -266,18 +290,23 @@ def uses() -> list[Use]:
 
 
 def prefixes(name: str) -> list[str]:
-    """`torch.a.b` -> [`torch.a`, `torch.a.b`]: each name a use needs, below the root module."""
-    parts = name.split(".")
-    return [".".join(parts[:k]) for k in range(2, len(parts) + 1)]
+    """`torch.a.f(k=)` -> [`torch.a`, `torch.a.f`, `torch.a.f(k=)`]: each name a use needs, below the root module."""
+    base, call, _ = name.partition("(")
+    parts = base.split(".")
+    return [".".join(parts[:k]) for k in range(2, len(parts) + 1)] + ([name] if call else [])
 
 
-def resolves(name: str) -> bool:
-    """Whether `name` exists in the PyTorch/torchvision this interpreter imports (submodules imported as needed)."""
+_MISSING = object()
+
+
+def _resolve(name: str) -> Any:
+    """The object `name` is in the PyTorch/torchvision this interpreter imports (submodules imported as needed),
+    or _MISSING."""
     parts = name.split(".")
     try:
         obj = importlib.import_module(parts[0])
     except ImportError:
-        return False
+        return _MISSING
     for k in range(1, len(parts)):
         try:
             obj = getattr(obj, parts[k])
@@ -285,8 +314,22 @@ def resolves(name: str) -> bool:
             try:
                 obj = importlib.import_module(".".join(parts[: k + 1]))
             except Exception:  # noqa: BLE001 - a submodule that fails to import is missing here too
-                return False
-    return True
+                return _MISSING
+    return obj
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` exists here: an attribute chain, or `f(k=)`, a keyword argument that callable `f` accepts
+    (one without a readable signature, a builtin, is taken to accept it)."""
+    base, _, keyword = name.partition("(")
+    obj = _resolve(base)
+    if obj is _MISSING or not keyword:
+        return obj is not _MISSING
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return True
+    return keyword.removesuffix("=)") in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def read_snapshot(path: Path) -> tuple[str, dict[str, bool]]:

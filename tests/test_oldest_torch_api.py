@@ -1,6 +1,6 @@
 """The oldest supported PyTorch (2.11 / torchvision 0.26, a GPU node's) in `make test`, without installing it:
-every torch.* / torchvision.* name that src/, scripts/, the entry points and the files `make gpu-check` runs
-use exists in the snapshot of that PyTorch (tests/oldest_torch_api.txt, written by `make test-compat`), or
+every torch.* / torchvision.* name (and keyword argument passed to one) that src/, scripts/, the entry points
+and the files `make gpu-check` runs use exists in the snapshot of that PyTorch (tests/oldest_torch_api.txt, written by `make test-compat`), or
 the code copes with it missing (scripts/torch_api_names.py says what counts)."""
 from __future__ import annotations
 
@@ -24,12 +24,15 @@ def test_the_code_uses_only_names_the_oldest_pytorch_has():
         "rewrites the snapshot with that PyTorch.")
 
 
-# A snapshot of a PyTorch that has torch.distributed but no torch.distributed.set_timeout, and a running one
-# that has both (torch.ops.mine.op: missing in both, a namespace filled at run time).
+# A snapshot of a PyTorch that has torch.distributed but no torch.distributed.set_timeout, and DDP without its
+# forward_sync_buffers= argument; a running one that has them (torch.ops.mine.op: missing in both, a namespace
+# filled at run time).
+DDP = "torch.nn.parallel.DistributedDataParallel"
 SNAPSHOT_LACKING = {"torch.distributed": True, "torch.distributed.set_timeout": False, "torch.nn": True,
-                    "torch.ops": True, "torch.ops.mine": True, "torch.ops.mine.op": False}
+                    "torch.ops": True, "torch.ops.mine": True, "torch.ops.mine.op": False, "torch.nn.parallel": True,
+                    DDP: True, f"{DDP}(forward_sync_buffers=)": False}
 HERE = {"torch.distributed", "torch.distributed.set_timeout", "torch.nn", "torch.nn.Brand", "torch.ops",
-        "torch.ops.mine"}
+        "torch.ops.mine", "torch.nn.parallel", DDP, f"{DDP}(forward_sync_buffers=)"}
 GUARDED = {
     "getattr with a default": "import torch.distributed as d\nf = getattr(d, 'set_timeout', None)\n",
     "if hasattr": "import torch\nif hasattr(torch.distributed, 'set_timeout'):\n    torch.distributed.set_timeout(1)\n",
@@ -47,6 +50,9 @@ GUARDED = {
     "skipif(not hasattr)": "import pytest, torch\n@pytest.mark.skipif(not hasattr(torch.distributed, 'set_timeout'), "
                            "reason='old')\ndef test_x():\n    torch.distributed.set_timeout(1)\n",
     "missing here too": "import torch\ntorch.ops.mine.op(1)\n",
+    "a keyword argument under a signature test": "import inspect\nfrom torch.nn.parallel import DistributedDataParallel\n"
+        "HAS = 'forward_sync_buffers' in inspect.signature(DistributedDataParallel.__init__).parameters\n"
+        "def wrap(m):\n    if HAS:\n        return DistributedDataParallel(m, forward_sync_buffers=False)\n",
 }
 UNGUARDED = {
     "a plain call": ("import torch.distributed as torch_dist\ntorch_dist.set_timeout(1)\n",
@@ -59,6 +65,8 @@ UNGUARDED = {
     "a broad except": ("import torch\ntry:\n    torch.distributed.set_timeout(1)\nexcept Exception:\n    pass\n",
                        "torch.distributed.set_timeout (missing there)"),
     "a name the snapshot does not know": ("from torch import nn\nnn.Brand(3)\n", "torch.nn.Brand (not in the snapshot)"),
+    "a keyword argument": ("import torch.nn.parallel as par\npar.DistributedDataParallel(m, forward_sync_buffers=False)\n",
+                           f"{DDP}(forward_sync_buffers=) (missing there)"),
 }
 
 
