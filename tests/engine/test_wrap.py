@@ -1,6 +1,6 @@
 """src/engine/wrap.py on 2 gloo ranks: DDP takes rank 0's buffers once when it wraps the model, and again at
-every forward only with trainer.broadcast_buffers=true; the same with PyTorch 2.11's DDP, which has
-broadcast_buffers= for both (make test-compat runs this file there)."""
+every forward only with trainer.broadcast_buffers=true; the same with PyTorch 2.11's DDP, which has one
+broadcast_buffers= for both (this file runs with that PyTorch too)."""
 from __future__ import annotations
 
 import pytest
