@@ -52,9 +52,10 @@ test-fast: setup
 	$(PYTEST) -m "not slow and not docker and not slurm" $(ARGS)
 
 # part: gpu-tools
-# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, occupancy, the exchange's
-# host cost, `cuda` tests, compute-sanitizer, NCCL training compare, benchmarks; report in OUT (default
-# outputs/gpu_check): report.json, summary.txt, logs.tar.gz.
+# GPU validation on a machine with an NVIDIA GPU (docs/gpu.md): build, self-check, `cuda` tests, NCCL training
+# compare; then, time permitting, occupancy, compute-sanitizer, the exchange's host cost, benchmarks; report in
+# OUT (default outputs/gpu_check): report.json, summary.txt, logs.tar.gz. Carry .whl (make gpu-bundle) to a node
+# without network, and allow the command about 450 s.
 # No `setup` prerequisite: the script finds a Python whose torch sees the GPU itself.
 .PHONY: gpu-check gpu-bundle test-compat
 OUT ?= outputs/gpu_check
@@ -68,16 +69,20 @@ NODE_PACKAGES ?=
 gpu-bundle: setup
 	$(PY) scripts/gpu_bundle.py --out .whl $(if $(NODE_PACKAGES),--node-packages $(NODE_PACKAGES))
 
-# The files gpu-check runs, and the kernel, layer and gpu-check tests, on the CPU with the GPU node's PyTorch
-# (torch 2.11 / torchvision 0.26, Python 3.12 where there is one) in a second environment, COMPAT_VENV, and
-# the bundle on PYTHONPATH as on the node. Not part of `make test`: the first run downloads ~4 GB (PyTorch's
-# CUDA build and its libraries) and compiles the CUDA kernels against that PyTorch (minutes on 2 cores).
+# The files gpu-check runs, and the kernel, layer, process-group and gpu-check tests, on the CPU with the GPU
+# node's PyTorch (torch 2.11 / torchvision 0.26 on Python 3.12: scripts/compat_env.sh) in a second environment,
+# COMPAT_VENV, and the bundle on PYTHONPATH as on the node; first it rewrites tests/oldest_torch_api.txt, the
+# snapshot of that PyTorch's names that `make test` checks the code against. Not part of `make test`: the
+# first run downloads ~4 GB (PyTorch's CUDA build and its libraries) and compiles the CUDA kernels against
+# that PyTorch (minutes on 2 cores).
 COMPAT_VENV ?= .venv-compat
 COMPAT_TESTS := tests/syncbn/test_kernels.py tests/syncbn/test_simt.py tests/syncbn/test_cuda_launches.py \
 	tests/syncbn/test_selfcheck_ranks.py tests/syncbn/test_emulated_syncbn.py tests/syncbn/test_fusable.py tests/syncbn/test_cuda_build.py \
-	tests/syncbn/test_occupancy_model.py tests/data/test_replay.py tests/test_gpu_check_script.py tests/test_gpu_bundle.py
+	tests/syncbn/test_occupancy_model.py tests/data/test_replay.py tests/test_gpu_check_script.py tests/test_gpu_bundle.py \
+	tests/test_process_group.py tests/test_gloo_harness.py tests/engine/test_wrap.py
 test-compat: gpu-bundle
 	bash scripts/compat_env.sh $(COMPAT_VENV) $(PY)
+	$(COMPAT_VENV)/bin/python scripts/torch_api_names.py --write tests/oldest_torch_api.txt
 	rm -rf $(COMPAT_VENV)/bundle
 	$(COMPAT_VENV)/bin/python -m pip install -q --no-index --no-deps --target $(COMPAT_VENV)/bundle .whl/*.whl
 	SYNCTRAIN_EXTENSIONS_DIR=$(abspath $(COMPAT_VENV))/torch_extensions PYTHONPATH=$(abspath $(COMPAT_VENV))/bundle \

@@ -77,11 +77,13 @@ class CollectiveTimer:
 
 def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Callable[[], Any]]:
     """(DDP model, optimizer, loss function, batch maker) for one job and norm configuration."""
+    import dataclasses
+
     import torch
     from hydra import compose, initialize_config_dir
-    from torch.nn.parallel import DistributedDataParallel
 
     from src.config import validate_config
+    from src.engine.wrap import wrap_model
     from src.models.build import build_model
 
     overrides, batch, size, _ = JOBS[job]
@@ -97,9 +99,8 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
         for m in model.modules():
             if type(m).__module__.startswith("src.syncbn"):
                 m.process_group = stats_group if config == "syncbn_own" else dist.group.WORLD
-    model = DistributedDataParallel(model, bucket_cap_mb=cfg.trainer.ddp_bucket_cap_mb,
-                                    gradient_as_bucket_view=cfg.trainer.gradient_as_bucket_view,
-                                    forward_sync_buffers=False)
+    # as training wraps it (wrap_model: DDP's buffer-sync argument differs between PyTorch 2.11 and 2.13+)
+    model = wrap_model(model, dataclasses.replace(cfg.trainer, broadcast_buffers=False), torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = cfg.task.loss(cfg.task.options(cfg))
     gen = torch.Generator().manual_seed(1 + int(os.environ["RANK"]))

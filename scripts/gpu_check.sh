@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU validation in one command (`make gpu-check OUT=DIR`, docs/gpu.md): build the SyncBN extension for this
-# GPU, self-check the kernels, their occupancy, the host-side cost of the exchange, the kernel tests marked
-# `cuda`, compute-sanitizer on the self-check, a float64 training compare of norm=syncbn against
-# norm=torch_syncbn; then, if time is left, the benchmarks, two more sanitizer tools and the slower tests.
+# GPU validation in one command (`make gpu-check OUT=DIR`, docs/gpu.md). First the steps that decide the verdict:
+# build the SyncBN extension for this GPU, self-check the kernels, the kernel tests marked `cuda`, a float64
+# training compare of norm=syncbn against norm=torch_syncbn. Then, each only if its whole cap still fits: the
+# kernels' occupancy, compute-sanitizer on the self-check, the host-side cost of the exchange, the benchmarks,
+# two more sanitizer tools and the slower tests.
 #
 #   bash scripts/gpu_check.sh OUTDIR
 #
@@ -12,13 +13,15 @@
 #   with the pinned torch from the PyTorch index of this machine's CUDA (needs network).
 # - Wheels carried in ./.whl (GPU_CHECK_WHEELS overrides; `make gpu-bundle`: what the gpu-check path imports
 #   that the node lacks) are installed offline into a scratch folder appended to PYTHONPATH; every step
-#   inherits it.
+#   inherits it. A module the path imports that is still missing stops the preflight (a forgotten .whl).
 # - One budget (GPU_CHECK_BUDGET_S, default 420 s) from the start: setup, build and steps. Each step runs
 #   under its cap (GPU_CHECK_CAPS="bench=30 build=200"; 0 skips the step) and never past what is left of the
 #   budget (`timeout -k`: TERM, KILL GPU_CHECK_KILL_AFTER_S later); a step with too little time left is
 #   skipped, and so is one of the steps run if time is left whose whole cap no longer fits (cutting it
-#   short would only report it timed out). A watchdog stops the whole run at the budget however it got there (a hang in the setup, say).
-#   Most telling first: a failed, timed-out or skipped step is reported and the rest still run.
+#   short would only report it timed out). A watchdog stops the whole run at the budget however it got there
+#   (a hang in the setup, say). The verdict steps' caps fit the budget together with the setup: a run whose
+#   steps each stay under their caps never has one cut short. A failed, timed-out or skipped step is
+#   reported and the rest still run.
 # Writes to OUTDIR, after every step and at the end (an exit trap: also on a signal or without a GPU):
 # report.json (complete, passed, reason, every step's status passed/failed/skipped/timed out, rc, seconds,
 # cap and its own JSON results), summary.txt (what it printed) and logs.tar.gz (every step's log, the
@@ -46,8 +49,10 @@ rm -rf "$OUTDIR/report.json" "$OUTDIR/summary.txt" "$OUTDIR/logs.tar.gz"
 elapsed() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUTDIR/summary.txt"; }
 
-STEPS=(preflight build selfcheck occupancy exchange_host kernel_tests sanitizer_memcheck sanitizer_racecheck
-       train_compare bench bench_loader sanitizer_initcheck sanitizer_synccheck slow_tests)
+VERDICT=(build selfcheck kernel_tests train_compare)  # then the optional ones, each with its whole cap or not at all
+STEPS=(preflight "${VERDICT[@]}" occupancy sanitizer_memcheck sanitizer_racecheck exchange_host bench bench_loader
+       sanitizer_initcheck sanitizer_synccheck slow_tests)
+SETUP_S=30  # what the verdict steps' caps leave for the set-up (probe, wheels, preflight) and the reports between steps
 PLANNED=$(IFS=,; echo "${STEPS[*]}")
 COMPLETE=0
 FAILED=0
@@ -159,7 +164,7 @@ for cand in "${PYTHON:-}" ./.venv/bin/python "$(command -v python3 || true)"; do
   if [ "${P[kind]:-}" = gpu ]; then PY=$cand; break; fi
   if [ "${P[kind]:-}" = nogpu ]; then
     PY=$cand  # writes the report
-    smi=$(nvidia-smi -L 2>&1 | head -3 | tr '\n' ' ' || true)
+    if command -v nvidia-smi >/dev/null; then smi=$(nvidia-smi -L 2>&1 | head -3 | tr '\n' ' '); else smi="not installed"; fi
     stop 2 "no CUDA GPU visible: torch.cuda.is_available() is False in $cand (torch ${P[torch]:-?}, CUDA ${P[cuda]:-?}); nvidia-smi: ${smi:-not found}. Run make gpu-check on a machine with an NVIDIA GPU and its driver (CUDA_VISIBLE_DEVICES must not hide it); nothing was checked."
   fi
 done
@@ -174,13 +179,16 @@ if [ -z "$PY" ]; then
   [ -n "$PY" ] || stop 2 "no usable Python with a CUDA torch and a GPU (the attempt to make one is in env.txt, logs.tar.gz); nothing was checked."
 fi
 WHEELS=${GPU_CHECK_WHEELS:-.whl}
+CARRIED="No wheels in $WHEELS: run make gpu-bundle on a machine with network and carry .whl with the checkout (docs/gpu.md)"
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
        "$WHEELS"/*.whl >>"$WORK/env.txt" 2>&1; then
     export PYTHONPATH="$PYTHONPATH:$SITE"
     log "carried wheels installed for this run (PYTHONPATH += $SITE): $(cd "$WHEELS" && printf '%s ' ./*.whl)"
+    CARRIED="The wheels of $WHEELS lack them: make the bundle for this node's packages (make gpu-bundle NODE_PACKAGES=its pip list --format=freeze) and carry .whl again"
   else
-    log "the carried wheels in $WHEELS could not be installed (env.txt in logs.tar.gz); steps that need them will fail"
+    log "the carried wheels in $WHEELS could not be installed (env.txt in logs.tar.gz)"
+    CARRIED="The wheels of $WHEELS could not be installed with $PY -m pip (env.txt in logs.tar.gz)"
   fi
 fi
 # The chosen environment's own tools (ninja, pytest's console scripts) first: it is not activated here.
@@ -189,10 +197,12 @@ export PATH
 
 # --- Step runner ---------------------------------------------------------------------------------------
 # Caps in seconds (docs/gpu.md gives what each is sized from); GPU_CHECK_CAPS="name=seconds ..." overrides.
-declare -A CAP=([build]=180 [selfcheck]=45 [occupancy]=20 [exchange_host]=100 [kernel_tests]=100
-                [sanitizer_memcheck]=60 [sanitizer_racecheck]=60 [train_compare]=100 [bench]=45 [bench_loader]=60
+declare -A CAP=([build]=120 [selfcheck]=45 [kernel_tests]=100 [train_compare]=100 [occupancy]=20
+                [sanitizer_memcheck]=60 [sanitizer_racecheck]=60 [exchange_host]=100 [bench]=45 [bench_loader]=60
                 [sanitizer_initcheck]=60 [sanitizer_synccheck]=60 [slow_tests]=150)
 for kv in ${GPU_CHECK_CAPS:-}; do CAP[${kv%%=*}]=${kv#*=}; done
+VERDICT_S=0
+for s in "${VERDICT[@]}"; do VERDICT_S=$(( VERDICT_S + ${CAP[$s]:-0} )); done
 # row NAME STATUS RC SECONDS CAP NOTE: one line of steps.tsv (gpu_check_report.py reads it).
 row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$WORK/steps.tsv"; }
 skip() {  # skip NAME REASON (the next step's report, or the final one, carries it: no Python started here)
@@ -264,6 +274,10 @@ fi
 CXX_BIN=${CXX:-c++}
 command -v "$CXX_BIN" >/dev/null || MISSING+=("C++ compiler '$CXX_BIN' not found: install g++ (Debian/Ubuntu: apt-get install g++) or set CXX")
 command -v ninja >/dev/null || MISSING+=("ninja not found beside $PY nor on PATH: pip install ninja (requirements.txt has it)")
+# What the steps import that this Python cannot (hydra and omegaconf on a node without them: the carried wheels).
+if ! absent=$("$PY" scripts/gpu_imports.py --unimportable 2>&1); then
+  MISSING+=("modules the checks import that $PY cannot: ${absent//$'\n'/; }. $CARRIED")
+fi
 {
   echo "python: $PY"
   for k in "${!P[@]}"; do echo "probe $k=${P[$k]}"; done
@@ -286,8 +300,11 @@ for s in "$CUDA_HOME/bin/compute-sanitizer" "$(command -v compute-sanitizer || t
 done
 log "python: $PY (torch ${P[torch]}, CUDA ${P[cuda]}, ${P[name]:-?} x ${P[gpus]:-?}, sm ${P[cap]:-?}); CUDA_HOME=$CUDA_HOME; $(( BUDGET_S - $(elapsed) ))s of the ${BUDGET_S}s budget left"
 log "caps: $(for s in "${STEPS[@]:1}"; do printf '%s=%s ' "$s" "${CAP[$s]:-?}"; done)"
+if [ $(( VERDICT_S + SETUP_S + KILL_AFTER_S + FINISH_S )) -gt "$BUDGET_S" ]; then
+  log "WARNING: the verdict steps' caps (${VERDICT[*]}: ${VERDICT_S}s) with ${SETUP_S}s for the set-up and $(( KILL_AFTER_S + FINISH_S ))s of margins exceed the ${BUDGET_S}s budget: a step under its cap may be cut short"
+fi
 
-# --- The steps, most telling first ---------------------------------------------------------------------
+# --- The steps: the verdict first ----------------------------------------------------------------------
 TIMEOUT_OPT=0
 [ "${P[pytest_timeout]:-0}" = 1 ] && TIMEOUT_OPT=1
 pytest_step() {  # pytest_step NAME PER_TEST_S: the `cuda` tests of NAME's files in scripts/gpu_check_tests.txt
@@ -315,28 +332,28 @@ if ! grep -q "^build"$'\t'"passed" "$WORK/steps.tsv"; then
 else
   # 2. The self-check a training process runs (every case and dtype), cold and warm.
   step selfcheck "$PY" -m src.syncbn.selfcheck --json "$WORK/selfcheck.json"
-  # 3. Resident blocks per SM of every kernel (cudaOccupancyMaxActiveBlocksPerMultiprocessor, registers).
+  # 3. The single-process tests marked cuda: an explicit list (a missing optional package elsewhere cannot
+  #    stop collection), pytest.ini's addopts dropped, a per-test timeout.
+  pytest_step kernel_tests 60
+  # 4. A few float64 training steps, norm=syncbn vs norm=torch_syncbn over NCCL (2 processes on 2+ GPUs; one
+  #    process on one GPU: reported partial).
+  step train_compare "$PY" scripts/gpu_train_compare.py "$WORK/train_compare" --steps 6 --timeout 45
+  # 5. If time is left, each with its whole cap or not at all: resident blocks per SM of every kernel
+  #    (cudaOccupancyMaxActiveBlocksPerMultiprocessor, registers), compute-sanitizer's memcheck and racecheck
+  #    on our kernels, the host-side cost per training step of BatchNorm, the gather exchange and the SyncBN
+  #    exchange (rank 0 of a fake 8-rank group: ResNet-50, bf16, channels_last, 32 images per rank, medians
+  #    over 5 rounds), the kernel benchmark, the loader with and without decoding on the GPU, the other two
+  #    sanitizer tools, the slower multi-process and compile tests.
+  TAIL=1
   step occupancy "$PY" scripts/gpu_occupancy.py "$WORK/occupancy.json"
-  # 4. The host-side cost per training step of BatchNorm, the gather exchange and the SyncBN exchange (rank 0
-  #    of a fake 8-rank group: ResNet-50, bf16, channels_last, 32 images per rank, medians over 5 rounds).
+  sanitizer_step memcheck
+  sanitizer_step racecheck
   if [ -f scripts/bench_exchange_host.py ]; then
     step exchange_host "$PY" scripts/bench_exchange_host.py --device cuda --world-size 8 --model resnet50 \
       --dtype bfloat16 --channels-last --batch 32 --rounds 5 --json "$WORK/exchange_host.json"
   else
     skip exchange_host "script missing"
   fi
-  # 5. The single-process tests marked cuda: an explicit list (a missing optional package elsewhere cannot
-  #    stop collection), pytest.ini's addopts dropped, a per-test timeout.
-  pytest_step kernel_tests 60
-  # 6. compute-sanitizer's memcheck and racecheck on our kernels.
-  sanitizer_step memcheck
-  sanitizer_step racecheck
-  # 7. A few float64 training steps, norm=syncbn vs norm=torch_syncbn over NCCL (2 processes on 2+ GPUs; one
-  #    process on one GPU: reported partial).
-  step train_compare "$PY" scripts/gpu_train_compare.py "$WORK/train_compare" --steps 6 --timeout 45
-  # 8. If time is left: the kernel benchmark, the loader with and without decoding on the GPU, the other two
-  #    sanitizer tools, the slower multi-process and compile tests; each with its whole cap or not at all.
-  TAIL=1
   step bench "$PY" scripts/bench_syncbn_cuda.py --quick --json "$WORK/bench_syncbn_cuda.json"
   step bench_loader "$PY" scripts/bench_loader.py --device cuda --images 512 --rounds 3 --json "$WORK/bench_loader.json"
   sanitizer_step initcheck

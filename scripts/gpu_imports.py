@@ -2,6 +2,7 @@
 
     python scripts/gpu_imports.py                  # the distributions, and which the GPU node lacks
     python scripts/gpu_imports.py --node-like      # name==version of what is installed here and on the node
+    python scripts/gpu_imports.py --unimportable   # the modules this Python cannot import (gpu_check.sh's preflight)
 
 Read from the source, not by running it (nothing here needs torch or a GPU): the files scripts/gpu_check.sh
 runs (ROOT_FILES, ROOT_MODULES and the test files of scripts/gpu_check_tests.txt), then every repository
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib.metadata as md
+import importlib.util
 import re
 import sys
 from pathlib import Path
-
-from packaging.markers import Marker
-from packaging.requirements import Requirement
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_LIST = REPO / "scripts" / "gpu_check_tests.txt"
@@ -32,9 +33,9 @@ GPU_NODE_PACKAGES = REPO / "scripts" / "gpu_node_packages.txt"
 # What scripts/gpu_check.sh runs besides the test files: scripts by path, modules by `-m`/`-c`, and train.py
 # (scripts/gpu_train_compare.py starts it under torchrun). A script that is absent (a step that reports it
 # missing) is left out.
-ROOT_FILES = ("scripts/gpu_check_probe.py", "scripts/gpu_check_report.py", "scripts/gpu_occupancy.py",
-              "scripts/bench_exchange_host.py", "scripts/bench_syncbn_cuda.py", "scripts/bench_loader.py",
-              "scripts/gpu_train_compare.py", "train.py")
+ROOT_FILES = ("scripts/gpu_check_probe.py", "scripts/gpu_check_report.py", "scripts/gpu_imports.py",
+              "scripts/gpu_occupancy.py", "scripts/bench_exchange_host.py", "scripts/bench_syncbn_cuda.py",
+              "scripts/bench_loader.py", "scripts/gpu_train_compare.py", "train.py")
 ROOT_MODULES = ("src.syncbn.extension", "src.syncbn.selfcheck", "pytest", "pytest_timeout", "torch.distributed.run",
                 "pip")  # pip installs the carried wheels
 # Distributions gpu_check.sh needs for a program rather than an import: ninja drives the extension's build.
@@ -82,10 +83,16 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a repository file, read once per process (scripts/torch_api_names.py reads them too)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(path: Path) -> list[tuple[str, bool]]:
     """(absolute module name, at import time?) for every import statement of `path`; `from X import y` gives
     both X.y (in case y is a module) and X."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     out: list[tuple[str, bool]] = []
 
@@ -132,11 +139,8 @@ def root_files() -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def third_party_imports() -> dict[str, set[str]]:
-    """top-level third-party module -> the repository files that import it at import time."""
-    stdlib = set(sys.stdlib_module_names)
-    found: dict[str, set[str]] = {m.split(".")[0]: {"gpu_check.sh"} for m in ROOT_MODULES
-                                  if _module_file(m, [REPO]) is None}
+def _walk() -> Iterator[tuple[Path, list[tuple[str, bool]]]]:
+    """(file, its imports as `_imports` gives them) for every repository file on the gpu-check path."""
     todo = root_files()
     seen: set[Path] = set()
     while todo:
@@ -150,12 +154,30 @@ def third_party_imports() -> dict[str, set[str]]:
             # statement names them, so they are taken as imported
             todo.extend(f for f in path.parent.glob("*.py") if f != path)
             todo.extend(f / "__init__.py" for f in path.parent.iterdir() if (f / "__init__.py").is_file())
-        for name, top in _imports(path):
+        imports = _imports(path)
+        for name, _ in imports:  # each repository module imported, and every package above it, runs
             parts = name.split(".")
-            local = [f for k in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:k]), search))]
-            if local:
-                todo.extend(local)  # the module and every package above it run
-            elif top and parts[0] not in stdlib and not parts[0].startswith("_") and parts[0] != "__future__":
+            todo.extend(f for k in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:k]), search)))
+        yield path, imports
+
+
+def gpu_check_files() -> list[Path]:
+    """Every repository file the gpu-check path runs or imports (at any depth), sorted."""
+    return sorted(path for path, _ in _walk())
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """top-level third-party module -> the repository files that import it at import time."""
+    stdlib = set(sys.stdlib_module_names)
+    found: dict[str, set[str]] = {m.split(".")[0]: {"gpu_check.sh"} for m in ROOT_MODULES
+                                  if _module_file(m, [REPO]) is None}
+    for path, imports in _walk():
+        search = [path.parent, REPO] if "scripts" in path.relative_to(REPO).parts[:1] else [REPO]
+        for name, top in imports:
+            parts = name.split(".")
+            if any(_module_file(".".join(parts[:k]), search) for k in range(1, len(parts) + 1)):
+                continue
+            if top and parts[0] not in stdlib and not parts[0].startswith("_") and parts[0] != "__future__":
                 found.setdefault(parts[0], set()).add(str(path.relative_to(REPO)))
     return found
 
@@ -182,6 +204,10 @@ def node_packages(path: Path = GPU_NODE_PACKAGES) -> set[str]:
 
 def _requirements(dist: str) -> list[str]:
     """The distributions `dist` (installed here) needs on the GPU node's Python."""
+    # Here, not at the top: the preflight's --unimportable runs on a node's Python, which may lack packaging.
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
     out = []
     for text in md.requires(dist) or []:
         req = Requirement(text)
@@ -218,6 +244,16 @@ def split_by_node(needed: dict[str, set[str]], node: set[str]) -> tuple[dict[str
     return dict(sorted(carry.items())), dict(sorted(have.items()))
 
 
+# Imported by gpu_check.sh only where present (the per-test timeout): not missing when absent.
+OPTIONAL_MODULES = ("pytest_timeout",)
+
+
+def unimportable() -> dict[str, set[str]]:
+    """The modules of third_party_imports() that this interpreter cannot find, each with the files importing it."""
+    return {module: files for module, files in sorted(third_party_imports().items())
+            if module not in OPTIONAL_MODULES and importlib.util.find_spec(module) is None}
+
+
 # PyTorch and the libraries of its CUDA build: a node-like environment installs its own (make test-compat).
 TORCH_STACK = ("torch", "triton", "nvidia-", "cuda-")
 
@@ -241,7 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-like", action="store_true",
                         help="print name==version of every distribution installed here that the node has too, "
                              "PyTorch's own stack left out: what a node-like environment installs (make test-compat)")
+    parser.add_argument("--unimportable", action="store_true",
+                        help="print each module the gpu-check path imports that this Python cannot find, with the "
+                             "files importing it; exit status 1 if any (needs the standard library only)")
     args = parser.parse_args(argv)
+    if args.unimportable:
+        absent = unimportable()
+        for module, files in absent.items():
+            print(f"{module} (imported by {', '.join(sorted(files)[:3])}{', ...' if len(files) > 3 else ''})")
+        return 1 if absent else 0
     if args.node_like:
         for dist, version in node_like(node_packages(args.node_packages)).items():
             print(f"{dist}=={version}")

@@ -102,8 +102,16 @@ def init_distributed(
             "cannot be reached on the network (several interfaces: set GLOO_SOCKET_IFNAME / "
             "NCCL_SOCKET_IFNAME)."
         ) from err
-    torch_dist.set_timeout(datetime.timedelta(seconds=timeout_s))
+    _set_collective_timeout(datetime.timedelta(seconds=timeout_s))
     store.set_timeout(datetime.timedelta(seconds=timeout_s))
+
+
+def _set_collective_timeout(timeout: datetime.timedelta) -> None:
+    """The default group's timeout for every later collective, on each of its backends (gloo, NCCL)."""
+    set_timeout = getattr(torch_dist, "set_timeout", None)
+    if set_timeout is None:  # PyTorch 2.11 has only the private form (deprecated where the public one exists)
+        from torch.distributed.distributed_c10d import _set_pg_timeout as set_timeout
+    set_timeout(timeout)
 
 
 def _refuse_lone_slurm_tasks() -> None:

@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.gpu_fakes import SCRIPT, fake_machine, wheel
+from tests.support.gpu_fakes import SCRIPT, default_caps, fake_machine, wheel
 
 REPO = Path(__file__).resolve().parents[1]
 # The exchange benchmark is a step when its script is in the checkout, else reported "script missing".
 EXCHANGE = (REPO / "scripts" / "bench_exchange_host.py").is_file()
-STEPS = ["build", "selfcheck", "occupancy", "exchange_host", "kernel_tests", "sanitizer_memcheck",
-         "sanitizer_racecheck", "train_compare", "bench", "bench_loader", "sanitizer_initcheck",
+# The steps that decide the verdict first, then those run only if their whole cap still fits.
+STEPS = ["build", "selfcheck", "kernel_tests", "train_compare", "occupancy", "sanitizer_memcheck",
+         "sanitizer_racecheck", "exchange_host", "bench", "bench_loader", "sanitizer_initcheck",
          "sanitizer_synccheck", "slow_tests"]
 ORDER = [s for s in STEPS if EXCHANGE or s != "exchange_host"]  # the steps that run a command
-DEFAULT_CAPS = {"build": 180, "selfcheck": 45, "occupancy": 20, "exchange_host": 100, "kernel_tests": 100,
-                "sanitizer_memcheck": 60, "sanitizer_racecheck": 60, "train_compare": 100, "bench": 45,
+DEFAULT_CAPS = {"build": 120, "selfcheck": 45, "kernel_tests": 100, "train_compare": 100, "occupancy": 20,
+                "sanitizer_memcheck": 60, "sanitizer_racecheck": 60, "exchange_host": 100, "bench": 45,
                 "bench_loader": 60, "sanitizer_initcheck": 60, "sanitizer_synccheck": 60, "slow_tests": 150}
+CAPS_WARNING = "WARNING: the verdict steps' caps"
 OUT_FILES = ["logs.tar.gz", "report.json", "summary.txt"]
 
 
@@ -71,6 +73,7 @@ def test_stops_clearly_without_a_gpu_and_reports_it(tmp_path):
     report = _report(tmp_path / "out")
     assert report["complete"] is False and report["passed"] is False
     assert report["reason"].startswith("no CUDA GPU visible") and "nothing was checked" in report["reason"]
+    assert "command not found" not in report["reason"]  # nvidia-smi absent here: said in words, not bash's
     assert all(s["status"] == "skipped" and "not reached" in s["note"] for s in report["steps"])
     assert sorted(os.listdir(tmp_path / "out")) == OUT_FILES and _no_scratch_left(tmp_path)
 
@@ -116,7 +119,7 @@ def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, 
     for call in calls:
         if call[0] != "sanitizer":
             path = call[3].removeprefix("PYTHONPATH=").split(":")
-            assert path[:2] == [str(REPO), "/caller/path"] and path[2].startswith(str(tmp_path / "gpu_check.")), call
+            assert path[:2] == [str(REPO), "/caller/path"] and path[-1].startswith(str(tmp_path / "gpu_check.")), call
             assert "carried_probe.py" in call[4], call
     report = _report(out)
     assert report["complete"] is True and report["passed"] is True and "stale" not in report
@@ -132,7 +135,8 @@ def test_steps_run_in_order_under_their_caps_into_three_files(fake_gpu_machine, 
     for name in ("bench", "bench_loader") + (("exchange_host",) if EXCHANGE else ()):  # each step's own JSON
         assert steps[name]["result"] == {"fake": name}, name
     assert steps["train_compare"]["partial"] is True and "one GPU" in steps["train_compare"]["note"]
-    assert "of the 420s budget left" in proc.stdout
+    assert "of the 420s budget left" in proc.stdout and CAPS_WARNING not in proc.stdout
+    assert default_caps() == DEFAULT_CAPS  # the rehearsal's --at-caps reads the script's own table
     # Three files, whatever the steps wrote: the logs, the XML and the steps' JSON are in the archive.
     assert sorted(os.listdir(out)) == OUT_FILES and _no_scratch_left(tmp_path)
     with tarfile.open(out / "logs.tar.gz") as tar:
@@ -183,6 +187,7 @@ def test_the_budget_shares_out_what_is_left_and_skips_the_rest(fake_gpu_machine)
     assert steps["exchange_host"]["status"] == "skipped"
     report = _report(out)
     assert report["complete"] is True and report["seconds"] <= 30
+    assert CAPS_WARNING in proc.stdout  # the verdict steps' caps do not fit a 30 s budget: said at the start
 
 
 def test_a_failed_build_skips_the_rest(fake_gpu_machine):
@@ -274,6 +279,23 @@ def test_preflight_names_everything_missing_before_building(fake_gpu_machine, tm
     assert report["complete"] is False and "the preflight found 4 missing piece(s)" in report["reason"]
     assert report["steps"][0]["step"] == "preflight" and report["steps"][0]["status"] == "failed"
     assert "Python.h" in report["steps"][0]["note"]
+
+
+def test_a_forgotten_bundle_stops_the_preflight(fake_gpu_machine, tmp_path):
+    """A node's Python without hydra and omegaconf (here a bare one: standard library only) and no .whl: the
+    preflight names the modules, the files that import them and the way out, before anything is built."""
+    env, out, log = fake_gpu_machine
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    proc = _run(env, out, REAL_PYTHON=str(bare / "bin" / "python"), PYTHONPATH="/caller/path")  # no bundle there
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert _calls(log) == []
+    report = _report(out)
+    note = report["steps"][0]["note"]
+    assert report["steps"][0]["status"] == "failed" and "the preflight found 1 missing piece(s)" in report["reason"]
+    for part in ("modules the checks import that", "hydra (imported by src/config.py, train.py)", "omegaconf",
+                 f"No wheels in {env['GPU_CHECK_WHEELS']}: run make gpu-bundle", "carry .whl with the checkout"):
+        assert part in note, (part, note)
 
 
 # --- scripts/gpu_train_compare.py's own handling (its training needs a GPU) ---------------------------------

@@ -4,14 +4,17 @@ runs no step for real (tests/test_gpu_check_script.py). As a program it rehearse
 taking the time given to it, to show what the budget gives each step and what comes back:
 
     python -m tests.support.gpu_fakes OUT [--python PY] [--seconds "build=60 selfcheck=15 ..."] [--budget 420]
+    python -m tests.support.gpu_fakes OUT [--python PY] --at-caps 0.8   # every step at 80 % of its default cap
 
-PY runs the report and pip (the carried wheels are installed for real, from .whl): the node-like
-environment of `make test-compat` (.venv-compat/bin/python) rehearses with the node's PyTorch.
+PY runs the report, pip (the carried wheels are installed for real, from .whl) and the preflight's import
+check: the node-like environment of `make test-compat` (.venv-compat/bin/python) rehearses with the node's
+PyTorch, and without .whl its preflight stops as a node's would.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,13 +24,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
-# The fake python: the script's probe gets a GPU machine's answers (after FAKE_PROBE_SLEEP seconds); pip and
-# gpu_check_report.py run on the real interpreter; a step (GPU_CHECK_STEP in its environment) is logged with
+# The fake python: the script's probe gets a GPU machine's answers (after FAKE_PROBE_SLEEP seconds); pip,
+# gpu_check_report.py and the preflight's import check (gpu_imports.py) run on the real interpreter; a step (GPU_CHECK_STEP in its environment) is logged with
 # its PYTHONPATH and what the carried-wheels folder holds, then takes FAKE_SECONDS' seconds for it, then
 # passes, fails (FAKE_FAIL), or sleeps (FAKE_SLOW; ignoring SIGTERM with FAKE_IGNORE_TERM=1, so only
 # timeout's KILL ends it).
 FAKE_PYTHON = r"""#!/bin/bash
-case "$1" in *gpu_check_report.py) exec "$REAL_PYTHON" "$@" ;; esac
+case "$1" in *gpu_check_report.py|*gpu_imports.py) exec "$REAL_PYTHON" "$@" ;; esac
 if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
 if [ -z "${GPU_CHECK_STEP:-}" ]; then
   case "$*" in *gpu_check_probe.py*)
@@ -93,7 +96,8 @@ def wheel(folder: Path) -> Path:
 
 def fake_machine(root: Path, real_python: str) -> dict[str, str]:
     """The fake executables under `root`, and the environment that points gpu_check.sh at them (the scratch
-    folder in `root`, no carried wheels, a caller's PYTHONPATH of /caller/path)."""
+    folder in `root`, no carried wheels, a caller's PYTHONPATH of /caller/path, then this process's own: under
+    `make test-compat` the bundle, which the preflight's import check needs)."""
     bin_dir, cuda = root / "bin", root / "cuda"
     write_executable(bin_dir / "python", FAKE_PYTHON)
     write_executable(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
@@ -105,11 +109,20 @@ def fake_machine(root: Path, real_python: str) -> dict[str, str]:
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
            "REAL_PYTHON": real_python, "CUDA_HOME": str(cuda), "FAKE_INCLUDE": str(root / "include"),
            "FAKE_LOG": str(root / "calls.log"), "SYNCTRAIN_EXTENSIONS_DIR": str(root / "ext"),
-           "GPU_CHECK_WHEELS": str(root / "no_wheels"), "TMPDIR": str(root), "PYTHONPATH": "/caller/path"}
+           "GPU_CHECK_WHEELS": str(root / "no_wheels"), "TMPDIR": str(root),
+           "PYTHONPATH": ":".join(["/caller/path", *filter(None, [os.environ.get("PYTHONPATH")])])}
     for key in ("FAKE_FAIL", "FAKE_SLOW", "FAKE_SECONDS", "GPU_CHECK_CAPS", "GPU_CHECK_BUDGET_S", "CXX",
                 "TORCH_CUDA_ARCH_LIST"):
         env.pop(key, None)
     return env
+
+
+def default_caps() -> dict[str, int]:
+    """Each step's default cap in seconds, as gpu_check.sh declares them (its `declare -A CAP=(...)`)."""
+    text = SCRIPT.read_text()
+    declared = text[text.index("declare -A CAP=("):]
+    declared = declared[: declared.index(")\n")]
+    return {name: int(cap) for name, cap in re.findall(r"\[(\w+)\]=(\d+)", declared)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--python", default=sys.executable, help="runs the report and pip (default: this one)")
     parser.add_argument("--seconds", default="", help='each step\'s time, "name=seconds ..."')
+    parser.add_argument("--at-caps", type=float, metavar="FRACTION",
+                        help="each step takes FRACTION of its default cap (whole seconds); --seconds then overrides")
     parser.add_argument("--budget", type=int, default=None, help="GPU_CHECK_BUDGET_S (default: the script's)")
     args = parser.parse_args(argv)
+    seconds = {name: int(cap * args.at_caps) for name, cap in default_caps().items()} if args.at_caps else {}
+    seconds.update(kv.split("=", 1) for kv in args.seconds.split())
     root = args.out.resolve().parent / (args.out.name + ".machine")
     env = fake_machine(root, args.python)
-    env.update(FAKE_SECONDS=args.seconds, GPU_CHECK_WHEELS=str(REPO / ".whl"))
+    env.update(FAKE_SECONDS=" ".join(f"{name}={t}" for name, t in seconds.items()), GPU_CHECK_WHEELS=str(REPO / ".whl"))
     if args.budget is not None:
         env["GPU_CHECK_BUDGET_S"] = str(args.budget)
     started = time.monotonic()
