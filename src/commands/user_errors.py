@@ -11,7 +11,8 @@ Under torchrun every process usually meets the same mistake (the same command li
 copies of one message bury it. Rank 0 prints; another rank prints only a message rank 0 did not: it posts its
 message in torchrun's store and waits up to RANK0_WAIT_S for rank 0's there (when rank 0 failed too, torchrun
 usually stops this rank before that). A mistake that only one rank sees (its node's data folder, GPUs, files) is
-therefore printed by that rank, prefixed with its number.
+therefore printed by that rank, prefixed with its number. Ctrl-C that reaches it (outside training, which stops
+at a step and saves: src/engine/preemption.py) ends the command with one line and INTERRUPTED_EXIT_CODE.
 
 This module imports neither torch nor the project's configs at import time, so that a mistake on the command
 line (src/commands/command_line.py) is reported before torch loads.
@@ -22,6 +23,7 @@ import datetime
 import functools
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import Any, Callable, NoReturn, Optional, TypeVar
@@ -35,6 +37,8 @@ FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks; "
 # How long a rank other than 0 waits for rank 0's message before printing its own. Both ranks reach the same
 # check within moments of each other; when only this rank failed, rank 0 is waiting for it in the rendezvous.
 RANK0_WAIT_S = 10.0
+# 128 + SIGINT, what a shell reports for a program that Ctrl-C ended (training uses it too, after saving last.pt).
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 _STORE_CONNECT_S = 5.0
 _KEY_PREFIX = "synctrain/user_error"
 
@@ -48,6 +52,10 @@ def reported(main: F) -> F:
             return main(*args, **kwargs)
         except UserError as err:
             exit_on_user_error(err)
+        except KeyboardInterrupt:  # Ctrl-C outside training's own handling (a build, evaluate.py, predict.py, ...)
+            if _rank() == 0:
+                print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            raise SystemExit(INTERRUPTED_EXIT_CODE) from None
         except Exception:
             write_to_log_files("the command failed with a program error", logging.ERROR, sys.exc_info())
             raise

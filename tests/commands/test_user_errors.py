@@ -177,6 +177,20 @@ def test_reported_mistakes_reach_the_log_and_program_errors_keep_their_traceback
     assert "RuntimeError: a program error" in log and log.count("Traceback") == 2  # the bug's, the asked-for one
 
 
+def test_ctrl_c_outside_training_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C during a build, an evaluation or a prediction: no KeyboardInterrupt traceback, the shell's code."""
+    monkeypatch.delenv("RANK", raising=False)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        reported(interrupted)()
+    assert stop.value.code == user_errors.INTERRUPTED_EXIT_CODE == 130
+    assert capfd.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
 def test_cuda_without_a_gpu_is_a_mistake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match=r"device=cuda: PyTorch sees no GPU here \(.*\); use device=cpu"):
