@@ -79,16 +79,28 @@ def exit_on_user_error(err: UserError, *, same_on_every_rank: bool = False) -> N
     than 0 says nothing and needs no word from rank 0.
     """
     full = os.environ.get(FULL_ERROR_ENV) == "1"
-    text = "".join(traceback.format_exception(err)).rstrip() if full else f"error: {err}"
-    write_to_log_files(str(err), logging.ERROR, (type(err), err, err.__traceback__) if full else None)
+    message = _without_worker_traceback(str(err))
+    text = "".join(traceback.format_exception(err)).rstrip() if full else f"error: {message}"
+    write_to_log_files(message, logging.ERROR, (type(err), err, err.__traceback__) if full else None)
     rank = _rank()
     if rank == 0:
         print(text, file=sys.stderr, flush=True)
         if not same_on_every_rank:
-            _tell_other_ranks(str(err))
-    elif not same_on_every_rank and not _rank0_said(str(err), rank):
-        print(text if full else f"error (rank {rank}): {err}", file=sys.stderr, flush=True)
+            _tell_other_ranks(message)
+    elif not same_on_every_rank and not _rank0_said(message, rank):
+        print(text if full else f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
     raise SystemExit(USER_ERROR_EXIT_CODE)
+
+
+def _without_worker_traceback(message: str) -> str:
+    """A mistake found in a DataLoader worker (an unreadable image) reaches this process with the worker's
+    traceback inside its message ("Caught X in DataLoader worker process 0. Original Traceback ... X: <message>",
+    torch's ExceptionWrapper): only its last line is the user's message."""
+    if not message.startswith("Caught ") or "\nOriginal Traceback" not in message:
+        return message
+    last = message.rstrip().splitlines()[-1]
+    name, sep, rest = last.partition(": ")
+    return rest if sep and name.replace(".", "").replace("_", "").isalnum() else last
 
 
 def _rank() -> int:

@@ -15,6 +15,8 @@ import numpy as np
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from src.errors import UserError
+
 IMAGE_EXTENSIONS: tuple[str, ...] = tuple(IMG_EXTENSIONS)  # .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp
 # Masks must be stored losslessly: JPEG (and lossy WebP) blur the class indices at every edge.
 MASK_EXTENSIONS: tuple[str, ...] = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".ppm")
@@ -48,9 +50,10 @@ def list_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
 DECODE_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, SyntaxError)
 
 
-class UnreadableImage(OSError):
+class UnreadableImage(UserError, OSError):
     """A file that cannot be decoded (corrupt, truncated, not an image); the message names it and, once the
     dataset has added it (`at`), where in the data it is: "cannot read image <path> (<where>): <reason>".
+    A mistake in the user's data (one message, no traceback, src/errors.py), and still an OSError.
 
     One positional argument, as every OSError: torch re-raises a DataLoader worker's error in the main process
     as `type(err)(message)`.

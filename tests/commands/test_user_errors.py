@@ -191,6 +191,31 @@ def test_ctrl_c_outside_training_is_one_line_and_exit_130(monkeypatch: pytest.Mo
     assert capfd.readouterr().err == "interrupted (Ctrl-C)\n"
 
 
+def test_an_unreadable_image_from_a_loader_worker_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """A corrupt file in the user's data is their mistake; from a DataLoader worker it arrives wrapped in the
+    worker's traceback (torch's ExceptionWrapper), of which only the message is printed."""
+    from torch._utils import ExceptionWrapper
+
+    from src.data.image_files import UnreadableImage
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv(user_errors.FULL_ERROR_ENV, raising=False)
+    try:
+        raise UnreadableImage.of("/data/train/ant/1.jpg", "image file is truncated", where="training split, sample 1")
+    except UnreadableImage:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+
+    def training() -> None:
+        wrapped.reraise()
+
+    with pytest.raises(SystemExit) as stop:
+        reported(training)()
+    assert stop.value.code == USER_ERROR_EXIT_CODE
+    assert capfd.readouterr().err == ("error: cannot read image /data/train/ant/1.jpg (training split, sample 1): "
+                                      "image file is truncated\n")
+
+
 def test_cuda_without_a_gpu_is_a_mistake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match=r"device=cuda: PyTorch sees no GPU here \(.*\); use device=cpu"):
