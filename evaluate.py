@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from src.commands.evaluate import run
-from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
+from src.config import refuse_renamed_groups
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base=None)

@@ -5,7 +5,7 @@ import hydra
 from omegaconf import DictConfig
 
 from src.commands.export import run
-from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
+from src.config import refuse_renamed_groups
 
 
 @hydra.main(config_path="conf", config_name="export", version_base=None)

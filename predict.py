@@ -6,8 +6,8 @@ import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from src.commands.predict import run
-from src.config import refuse_renamed_groups  # importing src.config also registers the training schema
+from src.commands.predict import run  # registers the config schema conf/predict.yaml starts from
+from src.config import refuse_renamed_groups
 
 
 @hydra.main(config_path="conf", config_name="predict", version_base=None)

@@ -11,6 +11,7 @@ docs/tasks.md's).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,6 +31,7 @@ from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.engine.cpu_threads import configure_threads, fixed_threads
 from src.precision import autocast, model_dtype
 from src.dataclass_config import extend, foreign_settings
+from src.errors import UserError
 from src.tasks import Task, all_tasks
 from src.tasks.predict_io import ImageFiles, list_inputs
 
@@ -54,8 +56,19 @@ class PredictConfig:
     trainer: Dict[str, Any] = field(default_factory=dict)
 
 
-PredictSchema = extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
-ConfigStore.instance().store(name="predict_schema", node=PredictSchema)
+@functools.lru_cache(maxsize=None)
+def predict_schema() -> type[PredictConfig]:
+    """PredictConfig with every registered task's predict.py keys (built on first use, once the tasks are loaded)."""
+    return extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
+
+
+def register_predict_schema() -> None:
+    """Store predict_schema() in Hydra's ConfigStore as `predict_schema` (conf/predict.yaml's first default)."""
+    ConfigStore.instance().store(name="predict_schema", node=predict_schema())
+
+
+# conf/predict.yaml composes onto `predict_schema`: stored when this module (predict.py's body) is imported.
+register_predict_schema()
 
 
 def run(cfg: DictConfig) -> Path:
@@ -96,11 +109,11 @@ def run(cfg: DictConfig) -> Path:
 def _task_options(cfg: DictConfig, task: Task) -> Any:
     """The checkpoint's task's predict.py options (validated); another task's set away from its default is
     refused: nothing would read it."""
-    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
+    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(predict_schema()), cfg))
     parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
     for key, value, owners in foreign_settings(values, parts, {task.name}):
-        raise ValueError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
-                         f"{task.name}: remove {key}={value!r}")
+        raise UserError(f"{key}={value!r} is not read by this checkpoint's task, {task.name}: it is an option of "
+                        f"{' and '.join(owners)} predictions; remove it")
     return task.predict_settings(values)
 
 
@@ -147,7 +160,7 @@ def _forward(trained: TrainedRun, batch: Batch) -> Any:
     if settings.channels_last:
         batch = batch.channels_last()
     with torch.inference_mode(), autocast(settings.amp, trained.device):
-        return trained.model(batch.images)
+        return trained.task.eval_forward(trained.model, batch.images)
 
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path) -> None:

@@ -19,6 +19,7 @@ from src import comm
 from src.data.samplers import check_each_index_once
 from src.data.transforms import varying_sizes
 from src.dataclass_config import section
+from src.models.registry import IMAGE_LOGITS
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.classification.exports import export_classification
@@ -92,6 +93,7 @@ class Classification(Task):
     """Image -> class; MixUp / CutMix apply; TensorBoard shows the first training batch."""
 
     name = "classification"
+    model_output = IMAGE_LOGITS  # the models it uses: those whose family produces this
     metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
     data = CLASSIFICATION_DATA
     config_options = {"trainer": ClassificationTraining, "data": ClassificationData}
