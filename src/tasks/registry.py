@@ -89,9 +89,9 @@ def resolve_task(model: str, data: str, requested: Optional[str] = None) -> Task
     if requested is not None:
         task = get_task(requested)  # UserError naming the registered tasks
         if task.name not in common:
-            fits = f"; they share {', '.join(common)}" if common else ""
-            raise UserError(f"task={requested} does not fit {pair}{fits}: pick a model and a dataset of "
-                            f"{requested} or another task")
+            fix = (f"use task={' or task='.join(common)}" + (" or leave task unset" if len(common) == 1 else "")
+                   if common else f"pick a model and a dataset of {requested}")
+            raise UserError(f"task={requested} does not fit {pair}: {fix}")
         return task
     if not common:
         datasets = [d for name in served for d in DATASETS.names(name)]
