@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from src.data import DATASETS
 from src.models import MODELS
@@ -70,3 +71,65 @@ def test_each_metric_goes_the_way_its_task_declares_whatever_its_name() -> None:
         task.higher_is_better("loss")
     for registered in all_tasks():
         assert set(registered.metrics.values()) <= {MAX, MIN} and registered.default_metric in registered.metrics
+
+
+def test_importing_the_engine_or_the_config_imports_no_task() -> None:
+    """The task packages load when the registry is first read, and the config schema is built then, not at import."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, src.engine, src.config\n"
+            "for m in pkgutil.walk_packages(src.engine.__path__, 'src.engine.'): importlib.import_module(m.name)\n"
+            "before = sorted(m for m in sys.modules if m.startswith('src.tasks.'))\n"
+            "src.config.train_schema()\n"
+            "print(before, 'src.tasks.classification' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["['src.tasks.base',", "'src.tasks.registry']", "True"], out.stdout
+
+
+def test_a_task_adds_its_hooks_after_its_evaluation_and_before_the_checkpoint(tmp_path: Path) -> None:
+    from src.commands.train import build_hooks
+    from src.config import validate_config
+    from src.engine.tracking import Tracker
+
+    marker = object()
+
+    class WithHooks(Task):  # not registered: only its members are read
+        name, metrics = "with_hooks", {"loss": MIN}
+
+        def train_hooks(self, config: object, *, writer: object) -> list[object]:
+            assert writer is None and config.data.name == "shapes"
+            return [marker]
+
+    hooks = build_hooks(validate_config({}), WithHooks(), None, [], Tracker(tmp_path, enabled=False, tensorboard=False),
+                        torch.device("cpu"))
+    kinds = [type(h).__name__ for h in hooks]
+    assert kinds.index("EvalHook") < hooks.index(marker) < kinds.index("CheckpointHook"), kinds
+
+
+def test_evaluation_runs_the_tasks_evaluation_forward() -> None:
+    from src.engine.evaluation.evaluator import evaluate
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    class Doubled(Task):  # the model's outputs, doubled: what the evaluator must receive
+        name = "doubled"
+
+        def eval_forward(self, module: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+            return 2 * module(images)
+
+        def evaluator(self, context: object) -> object:
+            class Keep:
+                def process(self, outputs: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor) -> None:
+                    seen.append((outputs, indices))
+
+                def compute(self) -> dict[str, float]:
+                    return {"n": float(sum(len(i) for _, i in seen))}
+            return Keep()
+
+    model = torch.nn.Linear(3, 2)
+    batches = [(torch.randn(4, 3), torch.zeros(4), torch.arange(4))]
+    assert evaluate(model, batches, Doubled(), 2, "cpu") == {"n": 4.0}
+    with torch.no_grad():
+        torch.testing.assert_close(seen[0][0], 2 * model(batches[0][0]))
