@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from src.dataclass_config import Owned, extend, foreign_settings, section
 from src.models.pretrained import check_cached_when_offline, is_weights_name, torchvision_weights, weights_source
-from src.models.registry import MODELS
+from src.models.registry import MODELS, model_family
 
 NORM_NAMES = ("bn", "syncbn", "torch_syncbn", "gn", "frozen_bn")
 # Norms that keep BatchNorm layers (with their eps and momentum) in the network.
@@ -213,7 +213,7 @@ class NormConfig:
 
 def check_model_norm(model_cfg: ModelConfig, norm_cfg: NormConfig) -> None:
     """Checks that need both groups: zoo models keep their own BatchNorm eps and momentum."""
-    if not MODELS.get(model_cfg.name).info["family"].arch or norm_cfg.name not in BATCHNORM_KINDS:
+    if not model_family(model_cfg.name).arch or norm_cfg.name not in BATCHNORM_KINDS:
         return
     defaults = {f.name: f.default for f in dataclasses.fields(NormConfig)}
     for key in ("eps", "momentum"):

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from src.models.registry import MODELS
+from src.models.registry import MODELS, model_family
 
 # A weights enum member (DEFAULT, IMAGENET1K_V2, ...), optionally qualified (ResNet50_Weights.IMAGENET1K_V2):
 # what tells a weights name from a file path in model.weights / model.backbone_weights.
@@ -81,7 +81,7 @@ def weights_num_classes(weights: Any) -> int | None:
 def weights_source(cfg: Any, key: str) -> str:
     """The torchvision builder whose weights enum names model.<key> for cfg's model, as its family says
     (ModelFamily.weights_builder); ValueError for families without named weights, saying what to use instead."""
-    family = MODELS.get(cfg.name).info["family"]
+    family = model_family(cfg.name)
     if family.weights_builder is None:
         hint = (" (its weights by name come with model.pretrained=true)" if family.pretrained_file is not None
                 else "")
@@ -162,7 +162,7 @@ def check_cached_when_offline(cfg: Any) -> None:
             if not path.is_file():
                 _missing_or_download(f"model.{key}={type(weights).__name__}.{weights.name}", path, weights.url,
                                      lambda: None)
-    family = MODELS.get(cfg.name).info["family"]
+    family = model_family(cfg.name)
     if cfg.pretrained and family.pretrained_file is not None:
         family.pretrained_file(cfg)  # offline: a lookup in the cache, or the error
 
