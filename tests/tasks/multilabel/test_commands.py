@@ -60,7 +60,7 @@ def test_a_classifier_trains_multilabel_and_every_command_reads_it(tmp_path: Pat
                                      "threshold=0.3"]))
     with open(tmp_path / "pred" / "predictions.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert [r["file"] for r in table] == ["a.png", "sub/b.jpg"]
+    assert [r["file"] for r in table] == ["a.png", "sub/b.jpg"]  # the threshold's own test: test_predictions.py
     for r in table:
         probs = {k: float(r[f"prob_{k}"]) for k in KINDS}
         assert all(0 <= p <= 1 for p in probs.values())
