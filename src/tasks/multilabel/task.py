@@ -73,9 +73,12 @@ class MultiLabelEvaluator:
         truth = targets.to(logits.dtype)
         if self.context.loss_fn is None:
             loss = F.binary_cross_entropy_with_logits(logits, truth, reduction="none").double().mean(1)
-        else:
+        else:  # per sample and class [N, K], per sample [N], or a batch mean (each sample gets it)
             loss = custom_loss(self.context.loss_fn, logits, truth)
-            loss = loss.mean(1) if loss.dim() == 2 else loss.expand(len(truth)) if loss.dim() == 0 else loss
+            if loss.dim() == 2:
+                loss = loss.mean(1)
+            elif loss.dim() == 0:
+                loss = loss.expand(len(truth))
         self.rows.append(torch.cat([indices.double().view(-1, 1), loss.cpu().view(-1, 1), logits.double().cpu(),
                                     truth.double().cpu()], dim=1))
 
