@@ -112,6 +112,7 @@ def test_data_coco_serves_detection_and_instance_segmentation_models() -> None:
     coco = ["data=coco", "data.root=/nowhere", "device=cpu"]  # validation reads no file
     assert validate_config(_compose("train", ["model=maskrcnn_resnet18", *coco])).task == "instance_segmentation"
     assert validate_config(_compose("train", ["model=fcos_resnet18", *coco])).task == "detection"
-    with pytest.raises(ValueError, match=r"data.name=coco is a detection and instance_segmentation dataset; .* or a "
-                                         r"detection or instance_segmentation model \(model=fcos_resnet18,.*maskrcnn_"):
+    with pytest.raises(ValueError, match=r"data.name=coco \(serves detection and instance_segmentation\) have no task "
+                                         r"in common: .* or a model of the dataset's tasks \(model=fcos_resnet18,"
+                                         r".*maskrcnn_"):
         validate_config(_compose("train", ["model=resnet20", *coco]))
