@@ -16,5 +16,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("train", schema_module="src.config")  # before Hydra: unknown keys, "did you mean"
+    check_command_line("train", schema_module="src.commands.train")  # before Hydra: unknown keys, "did you mean"
     main()

@@ -42,11 +42,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# key -> (model config, per-pixel targets (a segmenter) or one class per image, batch, image side, classes)
 MODELS = {
-    "resnet50": ({"name": "resnet50"}, "resnet", 4, 224, 1000),
+    "resnet50": ({"name": "resnet50"}, False, 4, 224, 1000),
     "deeplabv3plus": ({"name": "deeplabv3plus_resnet18", "output_stride": 16, "head_channels": 64,
                        "decoder_stride": 2, "aux_loss_weight": 0.5, "zero_init_residual": True},
-                      "deeplabv3plus", 32, 64, 6),
+                      True, 32, 64, 6),
 }
 
 
@@ -65,23 +66,23 @@ def _variant(model_key: str, checkpointed: bool) -> tuple[Callable[[], float], C
     import torch
     import torch.nn.functional as F
 
-    from src.models import build_model
+    from src.models import build_model, model_family
     from src.models.activation_checkpointing import enable_activation_checkpointing
 
-    cfg, family, batch, size, classes = MODELS[model_key]
+    cfg, per_pixel, batch, size, classes = MODELS[model_key]
     torch.manual_seed(0)
     model = build_model(cfg, {"name": "syncbn"}, classes).train()
     if checkpointed:
-        enable_activation_checkpointing(model, family)
+        enable_activation_checkpointing(model, model_family(cfg["name"]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, classes, (batch,) if family == "resnet" else (batch, size, size))
+    y = torch.randint(0, classes, (batch, size, size) if per_pixel else (batch,))
 
     def step() -> float:
         t0 = time.perf_counter()
         out = model(x)
-        loss = (F.cross_entropy(out, y) if family == "resnet"
-                else F.cross_entropy(out["out"], y) + 0.5 * F.cross_entropy(out["aux"], y))
+        loss = (F.cross_entropy(out["out"], y) + 0.5 * F.cross_entropy(out["aux"], y) if per_pixel
+                else F.cross_entropy(out, y))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

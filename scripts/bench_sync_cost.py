@@ -82,12 +82,13 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
     import torch
     from hydra import compose, initialize_config_dir
 
-    from src.config import validate_config
+    from src.config import register_train_schema, validate_config
     from src.engine.wrap import wrap_model
     from src.models.build import build_model
 
     overrides, batch, size, _ = JOBS[job]
     norm = "bn" if config == "bn" else "syncbn"
+    register_train_schema()  # conf/train.yaml starts from it
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = validate_config(compose("train", overrides=[*overrides, f"norm={norm}"]))
     num_classes = cfg.data.num_classes or (6 if job == "cls" else 5)
@@ -102,7 +103,7 @@ def build(job: str, config: str, stats_group: Any) -> tuple[Any, Any, Any, Calla
     # as training wraps it (wrap_model: DDP's buffer-sync argument differs between PyTorch 2.11 and 2.13+)
     model = wrap_model(model, dataclasses.replace(cfg.trainer, broadcast_buffers=False), torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    loss_fn = cfg.task.loss(cfg.task.options(cfg))
+    loss_fn = cfg.resolved_task.loss(cfg.resolved_task.options(cfg))
     gen = torch.Generator().manual_seed(1 + int(os.environ["RANK"]))
     x = torch.randn(batch, 3, size, size, generator=gen)
     y = torch.randint(0, num_classes, (batch,) if job == "cls" else (batch, size, size), generator=gen)

@@ -71,11 +71,12 @@ def build_model(name: str) -> Any:
     """The torchvision model, random weights (no download)."""
     import torchvision
 
-    if name == "resnet50":
-        return torchvision.models.resnet50(weights=None)
-    if name == "deeplabv3_resnet50":
-        return torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None)
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    builders = {"resnet50": lambda: torchvision.models.resnet50(weights=None),
+                "deeplabv3_resnet50": lambda: torchvision.models.segmentation.deeplabv3_resnet50(
+                    weights=None, weights_backbone=None)}
+    if name not in builders:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return builders[name]()
 
 
 def layer_channels(name: str) -> list[int]:

@@ -74,7 +74,9 @@ def total_steps(args: argparse.Namespace) -> int:
     """Optimizer steps of the whole run, from the composed config (for sync_until_step = half of them)."""
     from hydra import compose, initialize_config_dir
 
-    import src.config  # noqa: F401  (registers the `train_schema` that conf/train.yaml starts from)
+    from src.config import register_train_schema
+
+    register_train_schema()  # conf/train.yaml starts from it
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("train", overrides=[RECIPE, f"trainer.epochs={args.epochs}", *args.overrides])

@@ -11,7 +11,7 @@ template the project does not have:
 - a name registered (`@MODELS.register("deeplabv3plus", ...)`) only by a module that was left out, quoted or as
   `model.name=` / `data.name=`;
 - a Makefile target the project's Makefile no longer has (`make gpu-check`);
-- a kept src/ module registering a name for a task the project leaves out (`MODELS.register(..., task="...")`):
+- a kept src/ module registering a name for a task the project leaves out (`DATASETS.register(..., task="...")`):
   the module belongs to that task's part in project_parts.toml;
 - in Python, a name imported from a kept module that no longer defines it (its definition was in a cut region),
   and a pytest fixture whose every definition was left out, requested by a kept test or fixture.

@@ -2,12 +2,15 @@
 
 The data, model and norm groups own their dataclasses (src/data/config.py, src/models/config.py);
 this module owns optim/sched/trainer and the top level, adds the tasks' own keys to the groups they extend
-(Task.config_options), registers everything in Hydra's ConfigStore as `train_schema`, and runs every check
-before any process group starts, so a typo fails fast on every rank with a message that names the key
-instead of hanging a job.
+(Task.config_options) when the schema is first needed (`train_schema`, once the registries are loaded: importing
+this module imports no task), registers it in Hydra's ConfigStore as `train_schema` (`register_train_schema`, which
+train.py's body calls), resolves the run's task, and runs every check before any process group starts, so a typo
+fails fast on every rank with a message that names the key instead of hanging a job.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import signal
 from dataclasses import dataclass, field
@@ -17,14 +20,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from src.data import DATASETS, dataset_tasks
+from src.data import DATASETS
 from src.data.config import DataConfig, data_schema
 from src.dataclass_config import Owned, extend, foreign_settings
 from src.errors import UserError, closest_name
 from src.local_gpus import check_processes_fit_gpus
-from src.models.config import NormConfig, check_model_norm, model_schema
-from src.models.registry import MODELS
-from src.tasks import Task, all_tasks, get_task
+from src.models.config import ModelConfig, NormConfig, check_model_norm, model_schema
+from src.models.registry import MODELS, model_family
+from src.tasks import Task, all_tasks, resolve_task
 from src.tracker_config import TrackerConfig
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -244,36 +247,33 @@ def task_options(group: str) -> list[Owned]:
     return [(task.name, task.config_options[group]) for task in all_tasks() if group in task.config_options]
 
 
-# The groups' schemas: each core dataclass with the options its owners declare in their own files (the tasks'
-# src/tasks/<task>/options.py, the datasets' and model families' registrations): src/dataclass_config.py.
-DataSchema = extend(data_schema(), task_options("data"))
-ModelSchema = model_schema()
-TrainerSchema = extend(TrainerConfig, task_options("trainer"))
-
-
 def data_config(**values: Any) -> DataConfig:
     """A `data` group config with every dataset's and task's options (for code and tests that build one)."""
-    return DataSchema(**values)
+    return _group_schemas()["data"](**values)
 
 
 @dataclass
 class TrainConfig:
-    """Everything `train.py` reads; `hydra` is Hydra's own node and is not part of this schema."""
+    """Everything `train.py` reads; `hydra` is Hydra's own node and is not part of this schema. The groups here are
+    their core keys; train_schema() is this with every owner's options added, the class validate_config returns."""
 
     seed: int = 0
     device: str = "auto"
-    model: ModelSchema = field(default_factory=ModelSchema)
+    # The run's task (src/tasks/): null = the one that model.name and data.name have in common; a task's name
+    # chooses where they share several. validate_config sets it to the resolved task's name.
+    task: Optional[str] = None
+    model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
-    data: DataSchema = field(default_factory=DataSchema)
+    data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
-    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # Experiment trackers (conf/tracker/); conf/train.yaml selects tracker=tensorboard by default.
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
     @property
-    def task(self) -> Task:
-        """The run's task (src/tasks/), resolved once by validate_config from model.name (data.name agrees)."""
+    def resolved_task(self) -> Task:
+        """The run's Task object, resolved once by validate_config (the `task` key holds its name)."""
         task = self.__dict__.get("_task")
         if task is None:
             raise ValueError("this TrainConfig did not come from validate_config, which resolves the run's task: "
@@ -281,7 +281,29 @@ class TrainConfig:
         return task
 
 
-ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+@functools.lru_cache(maxsize=None)
+def _group_schemas() -> dict[str, type]:
+    """The groups' schemas: each core dataclass with the options its owners declare in their own files (the tasks'
+    src/tasks/<task>/options.py, the datasets' and model families' registrations): src/dataclass_config.py. Built
+    on first use, when reading the task registry loads the tasks."""
+    return {"model": model_schema(), "data": extend(data_schema(), task_options("data")),
+            "trainer": extend(TrainerConfig, task_options("trainer"))}
+
+
+@functools.lru_cache(maxsize=None)
+def train_schema() -> type[TrainConfig]:
+    """TrainConfig with every registered task's, dataset's and model family's keys in its groups: what
+    conf/train.yaml composes onto and validate_config checks against."""
+    fields = [(group, schema, field(default_factory=schema)) for group, schema in _group_schemas().items()]
+    schema = dataclasses.make_dataclass("TrainConfig", fields, bases=(TrainConfig,))
+    schema.__module__, schema.__doc__ = __name__, TrainConfig.__doc__
+    return schema
+
+
+def register_train_schema() -> None:
+    """Store train_schema() in Hydra's ConfigStore as `train_schema`, the first entry of conf/train.yaml's defaults:
+    train.py's body (src/commands/train.py) calls it when imported, as must other code composing conf/train.yaml."""
+    ConfigStore.instance().store(name="train_schema", node=train_schema())
 
 
 # Config groups renamed since runs were made with them: old name -> new name. The command line is checked
@@ -338,7 +360,7 @@ def _checked_config(cfg: DictConfig | dict[str, Any], world_size: Optional[int])
     plain.pop("hydra", None)  # a config loaded from .hydra/ or composed with return_hydra_config
     raw = OmegaConf.create(plain)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+        merged = OmegaConf.merge(OmegaConf.structured(train_schema()), raw)
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
@@ -352,14 +374,15 @@ def _checked_config(cfg: DictConfig | dict[str, Any], world_size: Optional[int])
     if world_size is not None:  # a training launch: one GPU per local process (src/local_gpus.py)
         check_processes_fit_gpus(typed.device)
     if typed.model.name in MODELS and typed.data.name in DATASETS:
-        _resolve_task(typed)  # a model and a dataset of two tasks: said first, before either's options
+        _resolve_task(typed)  # a model and a dataset of no common task: said first, before either's options
     for part in (typed.model, typed.data, typed.optim, typed.sched, typed.trainer, typed.tracker):
         part.validate()
     # torch_syncbn needs CUDA + NCCL, norm.group_size must divide the number of processes: refused here,
     # not at the first forward.
     typed.norm.validate(typed.device, world_size=world_size)
     check_model_norm(typed.model, typed.norm)
-    typed.__dict__["_task"] = _resolve_task(typed)  # once; config.task hands it down (not a config key)
+    task = _resolve_task(typed)
+    typed.task, typed.__dict__["_task"] = task.name, task  # once; config.resolved_task hands it down
     _check_across_groups(typed)
     return typed
 
@@ -367,7 +390,8 @@ def _checked_config(cfg: DictConfig | dict[str, Any], world_size: Optional[int])
 def _did_you_mean(key: str) -> str:
     """"; did you mean trainer.max_steps?" for trainer.max_step: the closest key of the same section, if any."""
     parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(OmegaConf.structured(TrainConfig), parent) if parent else OmegaConf.structured(TrainConfig)
+    schema = OmegaConf.structured(train_schema())
+    node = OmegaConf.select(schema, parent) if parent else schema
     close = closest_name(leaf, [str(k) for k in node.keys()] if isinstance(node, DictConfig) else [])
     return f"; did you mean {'.'.join(filter(None, [parent, close]))}?" if close else ""
 
@@ -381,35 +405,30 @@ def best_metric_of(cfg: TrainConfig) -> str:
     """The metric that ranks best-k checkpoints (resolves trainer.best_metric=auto)."""
     if cfg.trainer.best_metric != "auto":
         return cfg.trainer.best_metric
-    return cfg.task.default_metric
+    return cfg.resolved_task.default_metric
 
 
 def _resolve_task(cfg: TrainConfig) -> Task:
-    """The registered task of the model, which the dataset must share; ValueError naming both otherwise."""
-    name = MODELS.get(cfg.model.name).task
-    data_tasks = dataset_tasks(cfg.data.name)
-    if name not in data_tasks:
-        models = [m for task in data_tasks for m in MODELS.names(task)]
-        raise ValueError(
-            f"model.name={cfg.model.name} is a {name} model but data.name={cfg.data.name} is a "
-            f"{' and '.join(data_tasks)} dataset; pick a {name} dataset "
-            f"(data={','.join(DATASETS.names(name)) or 'none registered'}) "
-            f"or a {' or '.join(data_tasks)} model (model={','.join(models) or 'none registered'})"
-        )
-    return get_task(name)  # ValueError naming the registered tasks when a model's task= tag names none
+    """The task model.name and data.name have in common, or `task=` where they share several (src/tasks/registry.py);
+    UserError naming both otherwise."""
+    if cfg.task is not None and not isinstance(cfg.task, str):
+        raise UserError(f"task must be a task's name or null, got {cfg.task!r}")
+    return resolve_task(cfg.model.name, cfg.data.name, cfg.task)
 
 
 def _check_task_options(cfg: TrainConfig) -> None:
-    """Another task's option set away from its default is refused: nothing in this run would read it."""
-    task = cfg.task
+    """Another task's option set away from its default is refused: nothing in this run would read it. The message
+    names the key and this run first, its owners last, so that a new owner of the key changes only its end."""
+    task = cfg.resolved_task
     for group in ("data", "trainer"):
         for key, value, owners in foreign_settings(getattr(cfg, group), task_options(group), {task.name}):
-            raise ValueError(f"{group}.{key} applies to {' and '.join(owners)} only; this run is {task.name} "
-                             f"(model={cfg.model.name}, data={cfg.data.name}): remove {group}.{key}={value!r}")
+            raise UserError(f"{group}.{key}={value!r} is not read by this run's task, {task.name} "
+                            f"(model={cfg.model.name}, data={cfg.data.name}): it is an option of "
+                            f"{' and '.join(owners)}; remove it")
 
 
 def _check_across_groups(cfg: TrainConfig) -> None:
-    task, name = cfg.task, cfg.task.name
+    task, name = cfg.resolved_task, cfg.resolved_task.name
     _check_task_options(cfg)
     metric = best_metric_of(cfg)
     if metric not in task.metrics:
@@ -440,16 +459,12 @@ def _check_checkpointable(cfg: TrainConfig) -> None:
             "does not trace, so a compiled recomputation would repeat SyncBN's collective and update the running "
             "statistics twice; use one of the two"
         )
-    if cfg.model.name == "torchvision":
-        from torchvision import models
-
-        builder = models.get_model_builder(cfg.model.arch) if cfg.model.arch else None
-        if builder is None or builder.__module__ != models.resnet.__name__:
-            raise ValueError(
-                f"trainer.activation_checkpointing=true: model=torchvision model.arch={cfg.model.arch}: only "
-                "torchvision's ResNet family (resnet*, resnext*, wide_resnet*) has stages known to the trainer; "
-                "use model=timm (timm's own checkpointing) or set trainer.activation_checkpointing=false"
-            )
+    family = model_family(cfg.model.name)
+    if family.checkpoint_stages is None:
+        raise UserError(f"trainer.activation_checkpointing=true: the stages of model={cfg.model.name} ({family.name} "
+                        "models) are not known to the trainer; set trainer.activation_checkpointing=false")
+    if family.checkpoint_check is not None:  # e.g. which of a library's architectures have known stages
+        family.checkpoint_check(cfg.model)
 
 
 def _check_compilable(cfg: TrainConfig) -> None:

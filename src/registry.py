@@ -3,15 +3,17 @@
 Adding a dataset or a model is one decorated function in the module that builds it; config validation,
 the task checks and the error messages all read the registry, so there are no name lists to keep in step.
 
-    MODELS = Registry("model.name")
+    DATASETS = Registry("data.name", requires="task")
 
-    @MODELS.register("resnet20", task="classification")
-    def build_resnet20(cfg, norm_cfg, num_classes): ...
+    @DATASETS.register("shapes", task="classification")
+    def build_shapes(cfg): ...
 
-    MODELS.get("resnet20").builder(...)
+    DATASETS.get("shapes").builder(...)
 
-An entry can serve several tasks (`task=("detection", "instance_segmentation")`, a COCO-format dataset whose
-files hold both boxes and masks): `task` is then its first, `tasks` all of them.
+A dataset names the tasks its files serve (`task=("detection", "instance_segmentation")`, a COCO-format dataset
+whose files hold both boxes and masks: `task` is then its first, `tasks` all of them). A model names its family
+instead (`MODELS = Registry("model.name", requires="family")`, src/models/registry.py), whose outputs decide the
+tasks it serves; its entry's `tasks` is empty.
 """
 from __future__ import annotations
 
@@ -27,26 +29,36 @@ class Entry:
 
     name: str
     builder: Callable[..., Any]
-    tasks: tuple[str, ...]  # every task it serves: one, unless registered with several
+    tasks: tuple[str, ...]  # every task it serves as registered (task=): one or several; none for a model
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def task(self) -> str:
         """Its task (the first, for an entry of several)."""
+        if not self.tasks:
+            raise ValueError(f"{self.name!r} was registered without task= (a model's tasks are its family's)")
         return self.tasks[0]
 
 
 class Registry:
     """Names a config key may take, each with a builder; `get` fails with the list of valid names."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, *, requires: str = "task") -> None:
         self.key = key  # the config key whose values name entries ("data.name"), for messages
+        self.requires = requires  # the keyword every registration must give: "task", or an info key ("family")
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, *, task: str | tuple[str, ...], **info: Any) -> Callable[[Builder], Builder]:
+    def register(self, name: str, *, task: str | tuple[str, ...] = (), **info: Any) -> Callable[[Builder], Builder]:
         """Decorator: register `builder` under `name` for `task`, the name of a task registered in src/tasks/
-        (checked by config validation, which runs after every task has registered), or a tuple of several."""
-        tasks = task if isinstance(task, tuple) and task else (task,)
+        (checked by config validation, which runs after every task has registered), or a tuple of several;
+        `info` is what the entry's family or readers need (e.g. family=, options=)."""
+        tasks = task if isinstance(task, tuple) else (task,)
+        if self.requires != "task" and (info.get(self.requires) is None or tasks):
+            raise ValueError(f"{self.key}={name!r} is registered with {self.requires}= (which decides its tasks), "
+                             f"not task=")
+        if self.requires == "task" and not tasks:
+            raise ValueError(f"{self.key}={name!r}: task must be a task's name, e.g. 'classification', or a tuple "
+                             "of them, got none")
         for one in tasks:
             if not isinstance(one, str) or not one.isidentifier():
                 raise ValueError(f"{self.key}={name!r}: task must be a task's name, e.g. 'classification', or a "

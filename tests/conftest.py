@@ -11,11 +11,16 @@ from typing import Iterator
 import pytest
 import torch
 
+from src.commands.predict import register_predict_schema
+from src.config import register_train_schema
 from tests.support import gloo, process_state
 
 from tests.support.trained_runs import trained_cls_run  # noqa: F401  (session fixtures)
 
 TESTS = Path(__file__).resolve().parent
+# conf/train.yaml and conf/predict.yaml compose onto these (the entry points' bodies store them when imported).
+register_train_schema()
+register_predict_schema()
 # Folders whose files share session fixtures that take minutes (the docker image, the reference torchrun
 # run and the SLURM cluster): all their tests go to one worker, so those fixtures are made once.
 SHARED_FIXTURE_FOLDERS = ("docker", "cluster")

@@ -11,11 +11,11 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import src.config  # noqa: F401  (registers train_schema)
 from src.config import TrainConfig, refuse_renamed_groups, validate_config
-from src.data import dataset_task
+from src.data import dataset_tasks
 from src.errors import USER_ERROR_EXIT_CODE
 from src.models import MODELS
+from src.tasks import model_tasks
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -32,12 +32,12 @@ def _compose(overrides: list[str]):
 def _companions(group: str, option: str) -> list[str]:
     """Overrides that make `group=option` a coherent job: a model and a dataset of one task (the defaults,
     model=resnet20 and data=shapes, are classification's)."""
-    if group == "model" and option in MODELS and MODELS.get(option).task != "classification":
-        task = MODELS.get(option).task
-        return [f"data={next(o for o in _options('data') if dataset_task(o) == task)}"]
-    if group == "data" and dataset_task(option) != "classification":
-        task = dataset_task(option)
-        return [f"model={next(o for o in _options('model') if o in MODELS and MODELS.get(o).task == task)}"]
+    if group == "model" and option in MODELS and "classification" not in model_tasks(option):
+        task = model_tasks(option)[0]
+        return [f"data={next(o for o in _options('data') if task in dataset_tasks(o))}"]
+    if group == "data" and "classification" not in dataset_tasks(option):
+        task = dataset_tasks(option)[0]
+        return [f"model={next(o for o in _options('model') if o in MODELS and task in model_tasks(o))}"]
     return []
 
 

@@ -26,7 +26,7 @@ def forward_one_batch(module: nn.Module, batch: Batch, task: Task, *, device: to
     """One forward of `batch` (moved as the trainer moves it, with `transform`) through `module` in its current
     mode, without gradients; shapes and loss.
 
-    Training mode runs the task's training forward (with the targets), eval mode the model on the images. Every
+    Training mode runs the task's training forward (with the targets), eval mode its evaluation forward. Every
     rank must call it (a training-mode SyncBN forward communicates). The loss, when asked for, is this rank's
     own: the dry run reduces nothing.
     """
@@ -34,7 +34,8 @@ def forward_one_batch(module: nn.Module, batch: Batch, task: Task, *, device: to
     if channels_last:
         batch = batch.channels_last()
     with torch.no_grad(), autocast(amp, device):
-        outputs = task.forward(module, batch.images, batch.targets) if module.training else module(batch.images)
+        outputs = (task.forward(module, batch.images, batch.targets) if module.training
+                   else task.eval_forward(module, batch.images))
         loss = loss_fn(outputs, batch.targets) if loss_fn is not None and batch.targets is not None else None
     result: dict[str, Any] = {"input": batch.describe(), "output": task.describe_output(outputs)}
     if loss is not None:

@@ -39,21 +39,23 @@ MIN_EXAMPLE_BATCH = 2
 class LogitsOnly(nn.Module):
     """The model with one tensor output, the one its task exports (a segmenter's {"out", "aux"}: its "out")."""
 
-    def __init__(self, model: nn.Module, output: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(self, model: nn.Module, output: Callable[[Any], torch.Tensor],
+                 forward: Callable[[nn.Module, torch.Tensor], Any] = lambda model, images: model(images)) -> None:
         super().__init__()
         self.model = model
         self.output = output  # Task.export_output
+        self.eval_forward = forward  # Task.eval_forward
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits of a normalised image batch."""
-        return self.output(self.model(images))
+        return self.output(self.eval_forward(self.model, images))
 
 
 def run(cfg: DictConfig) -> Path:
     """Export cfg.ckpt's model to cfg.out in cfg.format; returns the written file."""
     ckpt, fmt, out = check_arguments(cfg)
     trained = load_trained_model(ckpt, ema=bool(cfg.ema))
-    model = inference_module(trained.model, trained.task.export_output)
+    model = inference_module(trained.model, trained.task.export_output, trained.task.eval_forward)
     size = int(cfg.image_size) if cfg.get("image_size") else trained.task.export_size(trained.config.data)
     batch = int(cfg.batch_size)
     dtype = next(model.parameters()).dtype
@@ -102,9 +104,12 @@ def check_arguments(cfg: DictConfig) -> tuple[Path, str, Path]:
     return ckpt, fmt, out
 
 
-def inference_module(model: nn.Module, output: Callable[[Any], torch.Tensor] = lambda out: out) -> nn.Module:
+def inference_module(model: nn.Module, output: Callable[[Any], torch.Tensor] = lambda out: out,
+                     forward: Callable[[nn.Module, torch.Tensor], Any] = lambda model, images: model(images)
+                     ) -> nn.Module:
     """The model with SyncBatchNorm layers reverted to BatchNorm (the same tensors: `model` itself is changed),
-    wrapped to the one output `output` picks (the task's export_output), in eval mode."""
+    run by `forward` (the task's eval_forward) and wrapped to the one output `output` picks (the task's
+    export_output), in eval mode."""
     from src.syncbn import revert_sync_batchnorm
 
     model = revert_sync_batchnorm(model)
@@ -112,7 +117,7 @@ def inference_module(model: nn.Module, output: Callable[[Any], torch.Tensor] = l
                    or type(m).__module__.startswith("src.syncbn")})
     if left:
         raise RuntimeError(f"{left} left in the model after revert_sync_batchnorm: cannot export it")
-    return LogitsOnly(model, output).eval()
+    return LogitsOnly(model, output, forward).eval()
 
 
 def dynamic_shapes() -> dict[str, dict[int, Any]]:

@@ -13,6 +13,7 @@ docs/tasks.md's).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -61,8 +62,19 @@ class PredictConfig:
     trainer: Dict[str, Any] = field(default_factory=dict)
 
 
-PredictSchema = extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
-ConfigStore.instance().store(name="predict_schema", node=PredictSchema)
+@functools.lru_cache(maxsize=None)
+def predict_schema() -> type[PredictConfig]:
+    """PredictConfig with every registered task's predict.py keys (built on first use, once the tasks are loaded)."""
+    return extend(PredictConfig, [(t.name, t.predict_options) for t in all_tasks() if t.predict_options])
+
+
+def register_predict_schema() -> None:
+    """Store predict_schema() in Hydra's ConfigStore as `predict_schema` (conf/predict.yaml's first default)."""
+    ConfigStore.instance().store(name="predict_schema", node=predict_schema())
+
+
+# conf/predict.yaml composes onto `predict_schema`: stored when this module (predict.py's body) is imported.
+register_predict_schema()
 
 
 def run(cfg: DictConfig) -> Path:
@@ -138,11 +150,11 @@ def _report_unreadable(out_dir: Path, skipped: list[tuple[Path, str]]) -> None:
 def _task_options(cfg: DictConfig, task: Task, config: Optional[TrainConfig] = None) -> Any:
     """The checkpoint's task's predict.py options (validated; `config` the trained run's, for what a task's drawing
     needs of it); another task's set away from its default is refused: nothing would read it."""
-    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PredictSchema), cfg))
+    values = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(predict_schema()), cfg))
     parts = [(t.name, t.predict_options) for t in all_tasks() if t.predict_options]
     for key, value, owners in foreign_settings(values, parts, {task.name}):
-        raise UserError(f"{key} applies to {' and '.join(owners)} predictions only; this checkpoint's model is "
-                        f"{task.name}: remove {key}={value!r}")
+        raise UserError(f"{key}={value!r} is not read by this checkpoint's task, {task.name}: it is an option of "
+                        f"{' and '.join(owners)} predictions; remove it")
     return task.predict_settings(values, config)
 
 
@@ -189,7 +201,7 @@ def _forward(trained: TrainedRun, batch: Batch) -> Any:
     if settings.channels_last:
         batch = batch.channels_last()
     with torch.inference_mode(), autocast(settings.amp, trained.device):
-        return trained.model(batch.images)
+        return trained.task.eval_forward(trained.model, batch.images)
 
 
 def _dry_run(trained: TrainedRun, loader: DataLoader, inputs: int, out_dir: Path, unreadable: list[Path]) -> None:

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from src import comm, process_group
-from src.config import TrainConfig, best_metric_of, config_dict
+from src.config import TrainConfig, best_metric_of, config_dict, register_train_schema
 from src.commands.continue_command import continue_command
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.commands.run_dir import agree_run_dir
@@ -52,11 +52,15 @@ from src.engine.wrap import wrap_model
 from src.errors import UserError
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
-from src.models.registry import MODELS
+from src.models.registry import model_family
 from src.models.norms import checked_cuda_syncbn
 from src.tasks import Task
 
 log = logging.getLogger("src.commands.train")
+
+# conf/train.yaml composes onto `train_schema`: stored when this module is imported, so also in a process that a
+# Hydra launcher starts for a sweep's job (submitit composes the config again there, after unpickling `run`).
+register_train_schema()
 
 
 def run(cfg: DictConfig | dict) -> dict[str, float]:
@@ -107,7 +111,7 @@ def _run(cfg: DictConfig | dict) -> dict[str, float]:
         process_group.destroy()
     if exit_code is not None:
         raise SystemExit(exit_code)
-    print_run_summary(run_dir, config.task, best_metric_of(config))  # rank 0: the best checkpoint, the next commands
+    print_run_summary(run_dir, config.resolved_task, best_metric_of(config))  # rank 0: the best checkpoint, the next commands
     return metrics
 
 
@@ -117,7 +121,7 @@ def _train(config: TrainConfig, device: torch.device, run_dir: Path,
     metrics."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = config.task
+    task = config.resolved_task
     data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
@@ -186,7 +190,7 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
     model = build_model(config.model, config.norm, num_classes).to(device, PRECISIONS[config.trainer.dtype])
     model = checked_cuda_syncbn(model, config.norm, device)  # norm.cuda_selfcheck: our kernels vs torch's on this GPU
     if config.trainer.activation_checkpointing:
-        regions = enable_activation_checkpointing(model, MODELS.get(config.model.name).info["family"])
+        regions = enable_activation_checkpointing(model, model_family(config.model.name))
         log.info("activation checkpointing: %s", ", ".join(regions))
     create_norm_groups(config.norm, config.trainer.dist_timeout_s)  # a collective
     if config.trainer.channels_last:
@@ -200,7 +204,7 @@ def _dry_run(config: TrainConfig, device: torch.device, run_dir: Path) -> None:
     Nothing is written: the run folder is not made."""
     rank, world, settings = comm.get_rank(), comm.get_world_size(), config.trainer
     configure_determinism(settings.deterministic)
-    task = config.task
+    task = config.resolved_task
     data = build_datasets(config.data, task.data, seed=config.seed,
                           device_transforms=task.data.device_transforms  # tasks whose batches are not tensors: off
                           and device_transforms_enabled(config.data.device_transforms, device))
@@ -256,7 +260,7 @@ def _build_state(config: TrainConfig, model: torch.nn.Module, micro_batches: int
         total_steps = min(total_steps, settings.max_steps)
     optimizer = build_optimizer(model, config.optim, effective_batch)
     log.info("%s: %s with norm=%s, %.2fM trainable parameters; effective batch %d = %d process(es) x %d x %d "
-             "accumulation; %d optimizer steps/epoch, %d in total", config.task.name, config.model.name,
+             "accumulation; %d optimizer steps/epoch, %d in total", config.resolved_task.name, config.model.name,
              config.norm.name, trainable(model.parameters()) / 1e6, effective_batch, world, config.data.batch_size,
              settings.grad_accum_steps, steps_per_epoch, total_steps)
     return TrainState(model, optimizer, _build_schedule(config, micro_batches, optimizer),
@@ -293,6 +297,7 @@ def build_hooks(config: TrainConfig, task: Task, data: DataBundle, val_loader: A
     if settings.precise_bn_batches:  # before EvalHook: the evaluation it precedes sees the recomputed statistics
         hooks.append(PreciseBNHook(settings, device))
     hooks.append(EvalHook(evaluate_fn, settings.eval_every, tracker, _panels(tracker, config, task, data, device)))
+    hooks += task.train_hooks(config, writer=tracker.writer)  # the task's own, after its evaluation
     if settings.early_stop.metric is not None:  # between the evaluation and the checkpoint that records it
         hooks.append(EarlyStopHook(settings.early_stop, settings.early_stop.higher_is_better(task)))
     hooks.append(CheckpointHook(settings.checkpoint_every, shown=(*task.metrics, f"ema_{task.default_metric}")))

@@ -78,7 +78,7 @@ def load_trained_run(path: str | Path, *, ema: bool = False, device: Optional[to
     model.to(device, PRECISIONS[config.trainer.dtype]).eval()
     if config.trainer.channels_last:
         model.to(memory_format=torch.channels_last)
-    return TrainedRun(config=config, task=config.task, model=model, class_names=names,
+    return TrainedRun(config=config, task=config.resolved_task, model=model, class_names=names,
                       epoch=trained_epoch(ckpt), step=trained_step(ckpt), path=path,
                       weights="ema" if ema else "model", device=device, trained_norm=trained_norm)
 

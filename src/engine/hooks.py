@@ -13,8 +13,9 @@ A hook is an object with any of four methods; each receives the Trainer and runs
                             (it runs in a `finally`; the error propagates once every hook has run)
 
 Hooks run in list order. The standard list (src/commands/train.py) is NormSyncHook (norm_sync.py), MetricsHook,
-StopAtMaxSteps, SampleGridHook, PreciseBNHook (with trainer.precise_bn_batches, precise_bn_hook.py), EvalHook,
-EarlyStopHook (with trainer.early_stop.metric, early_stop_hook.py), CheckpointHook, then CompileReport (with
+StopAtMaxSteps, SampleGridHook, PreciseBNHook (with trainer.precise_bn_batches, precise_bn_hook.py), EvalHook, the
+task's own (Task.train_hooks), EarlyStopHook (with trainer.early_stop.metric, early_stop_hook.py), CheckpointHook,
+then CompileReport (with
 trainer.compile, compile.py) and PreemptionHook (preemption.py) last: evaluation runs before the checkpoint that
 records its metrics.
 
@@ -32,7 +33,8 @@ collectives (anything in src.comm) must make the same calls on every rank at the
 state every rank shares (the step count, reduced values), never from something only one rank saw.
 
 Adding a hook: subclass Hook (or write any object with these methods), override what you need, and
-append an instance to the `hooks` list in src/commands/train.py's `build_hooks`.
+append an instance to the `hooks` list in src/commands/train.py's `build_hooks`; a task's hooks come from its
+`Task.train_hooks` (src/tasks/base.py), objects with these methods (a task does not import the engine).
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """trainer.activation_checkpointing: recompute each stage's activations in the backward instead of keeping them.
 
-Which regions: our ResNets' stages (layer1..layer3 / layer1..layer4, also torchvision's ResNet family from
-`model=torchvision`), DeepLab's backbone stages, and for timm models timm's own `set_grad_checkpointing`.
-Every region runs through `torch.utils.checkpoint.checkpoint(use_reentrant=False)`, which is what lets
-BatchNorm layers see their recomputation (src/syncbn/recompute.py): SyncBatchNorm reuses the first
+Which regions is the model family's to say (its registration's `checkpoint_stages`, src/models/registry.py): our
+ResNets' stages (layer1..layer3 / layer1..layer4, also torchvision's ResNet family from `model=torchvision`) and
+DeepLab's backbone stages through `resnet_stages` here, timm's own `set_grad_checkpointing` for timm models
+(src/models/zoo.py). Every region runs through `torch.utils.checkpoint.checkpoint(use_reentrant=False)`, which is
+what lets BatchNorm layers see their recomputation (src/syncbn/recompute.py): SyncBatchNorm reuses the first
 forward's global statistics (no second collective, no second running-statistics update) and torch's own
 BatchNorm layers skip the second update. Parameter and module names, and so state_dict keys, are unchanged:
 a stage keeps its class and children; only its instance `forward` is replaced.
@@ -16,10 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torchvision.models import resnet as tv_resnet
-from torchvision.models._utils import IntermediateLayerGetter
-
-from src.models.cifar_resnet import CifarResNet
 
 STAGE_NAMES = ("layer1", "layer2", "layer3", "layer4")
 
@@ -37,55 +34,32 @@ def checkpoint_module(module: nn.Module) -> None:
     module.forward = types.MethodType(_checkpointed_forward, module)
 
 
-def _stage_owner(model: nn.Module) -> nn.Module | None:
-    """The module whose layer1..layer4 children are the stages to checkpoint, or None for an unknown layout."""
-    if isinstance(model, (CifarResNet, tv_resnet.ResNet)):
-        return model
-    backbone = getattr(model, "backbone", None)
-    if isinstance(backbone, IntermediateLayerGetter):  # our DeepLabV3 / DeepLabV3+: a ResNet trunk
-        return backbone
-    return None
+def resnet_stages(owner: nn.Module, prefix: str = "") -> list[str]:
+    """Checkpoint the ResNet stages layer1..layer4 that are children of `owner` (a ResNet, or a model's ResNet
+    trunk with `prefix` naming where it is, e.g. "backbone."); returns their names. ValueError naming the key when
+    `owner` has none."""
+    regions = []
+    for name in STAGE_NAMES:
+        stage = getattr(owner, name, None)
+        if isinstance(stage, nn.Module):
+            checkpoint_module(stage)
+            regions.append(prefix + name)
+    if not regions:
+        raise ValueError(f"trainer.activation_checkpointing=true: {type(owner).__name__} has no ResNet stages "
+                         f"({', '.join(STAGE_NAMES)}) to checkpoint; set trainer.activation_checkpointing=false")
+    return regions
 
 
-def _enable_timm(model: nn.Module) -> list[str]:
-    from timm.layers import use_reentrant_ckpt
+def enable_activation_checkpointing(model: nn.Module, family: Any) -> list[str]:
+    """Checkpoint `model`'s regions as its ModelFamily says (`checkpoint_stages`); returns the regions' names.
 
-    if use_reentrant_ckpt():
-        raise ValueError("trainer.activation_checkpointing=true needs timm's non-reentrant checkpoints, but timm is "
-                         "set to reentrant ones (TIMM_REENTRANT_CKPT or timm.layers.set_reentrant_ckpt); unset it")
-    try:
-        model.set_grad_checkpointing(True)
-    except (AssertionError, NotImplementedError) as err:
-        raise ValueError(f"trainer.activation_checkpointing=true: timm's {type(model).__name__} does not support "
-                         f"gradient checkpointing ({err or 'set_grad_checkpointing refused'}); "
-                         "set trainer.activation_checkpointing=false") from err
-    return ["(timm set_grad_checkpointing)"]
-
-
-def enable_activation_checkpointing(model: nn.Module, family: str) -> list[str]:
-    """Checkpoint `model`'s stages (timm: its own checkpointing); returns the checkpointed regions' names.
-
-    `family` is the model registry's family ("cifar_resnet", "resnet", "deeplabv3", "deeplabv3plus",
-    "timm", "torchvision"). ValueError, naming the key, for a model whose stages are not known.
+    ValueError, naming the key, for a family whose stages are not known.
     """
     from src.syncbn.torch_bn_recompute import guard_batchnorm_recompute
 
-    if family == "timm":
-        regions = _enable_timm(model)
-    else:
-        owner = _stage_owner(model)
-        if owner is None:
-            raise ValueError(
-                f"trainer.activation_checkpointing=true: the stages of {type(model).__name__} ({family}) are not "
-                "known; it is supported for our ResNets and DeepLab models, torchvision's ResNet family "
-                "(resnet*, resnext*, wide_resnet*) and timm models; set trainer.activation_checkpointing=false"
-            )
-        prefix = "backbone." if owner is not model else ""
-        regions = []
-        for name in STAGE_NAMES:
-            stage = getattr(owner, name, None)
-            if stage is not None:
-                checkpoint_module(stage)
-                regions.append(prefix + name)
+    if family.checkpoint_stages is None:
+        raise ValueError(f"trainer.activation_checkpointing=true: the stages of {family.name} models are not known "
+                         "to the trainer; set trainer.activation_checkpointing=false")
+    regions = family.checkpoint_stages(model)
     guard_batchnorm_recompute(model)
     return regions

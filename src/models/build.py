@@ -1,4 +1,4 @@
-"""build_model / model_task: config -> nn.Module with the chosen norm everywhere and optional weights."""
+"""build_model: config -> nn.Module with the chosen norm everywhere and optional weights."""
 
 from __future__ import annotations
 
@@ -29,11 +29,6 @@ def as_config(cfg: ConfigLike, schema: type[T]) -> T:
     if isinstance(cfg, ModelConfig) and not isinstance(cfg, full):  # the core keys alone: the options' defaults
         return full(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
     return to_dataclass(cfg, full, "model")
-
-
-def model_task(model_cfg: ConfigLike) -> str:
-    """The task a model config's model is registered for (src/tasks/); ValueError naming the valid names."""
-    return MODELS.get(as_config(model_cfg, ModelConfig).name).task
 
 
 def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *,
@@ -77,8 +72,7 @@ def build_model(model_cfg: ConfigLike, norm_cfg: ConfigLike, num_classes: int, *
         state, source = _weights(mcfg, entry, "weights")
         ignore = ()
         if is_weights_name(mcfg.weights) and num_classes != weights_num_classes(
-                torchvision_weights(weights_source(mcfg, entry.info.get("family"), "weights"), mcfg.weights,
-                                    "model.weights")):
+                torchvision_weights(weights_source(mcfg, "weights"), mcfg.weights, "model.weights")):
             # Weights for other classes: everything but the head, which keeps its initialisation.
             ignore = tuple(f"{name}." for name in head_module_names(model))
         apply_state_dict(model, state, source, strict=mcfg.weights_strict, ignore_prefixes=ignore,
@@ -91,5 +85,5 @@ def _weights(mcfg: ModelConfig, entry: Any, key: str) -> tuple[dict[str, Any], s
     value = getattr(mcfg, key)
     if not is_weights_name(value):
         return read_state_dict(value), value
-    weights = torchvision_weights(weights_source(mcfg, entry.info.get("family"), key), value, f"model.{key}")
+    weights = torchvision_weights(weights_source(mcfg, key), value, f"model.{key}")
     return torchvision_state_dict(weights, f"model.{key}"), f"{type(weights).__name__}.{weights.name}"

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from src.models.activation_checkpointing import resnet_stages
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory
-from src.models.registry import MODELS
+from src.models.registry import IMAGE_LOGITS, MODELS, ModelFamily
 
 DEPTHS = (20, 32, 44, 56, 110, 1202)
 
@@ -120,6 +121,9 @@ class CifarResNetOptions:
             raise ValueError(f"model.cifar_shortcut must be A or B, got {self.cifar_shortcut!r}")
 
 
+# Classifiers: they serve every task that reads per-image logits (classification, multi-label, ...).
+CIFAR_RESNET = ModelFamily("cifar_resnet", output=IMAGE_LOGITS, options=CifarResNetOptions,
+                           checkpoint_stages=resnet_stages)
+
 for _depth in DEPTHS:
-    MODELS.register(f"resnet{_depth}", task="classification", family="cifar_resnet",
-                    options=CifarResNetOptions)(_builder(_depth))
+    MODELS.register(f"resnet{_depth}", family=CIFAR_RESNET)(_builder(_depth))

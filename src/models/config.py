@@ -1,8 +1,8 @@
 """Model and norm config schemas (Hydra structured configs) and their validation.
 
-Which names `model.name` may take, each one's task and its family's own options are the registry's
-(src/models/registry.py): every model family registers its builders there (with `options=`, the dataclass of
-the keys it adds to the `model` group), and the checks here read it.
+Which names `model.name` may take and each one's family are the registry's (src/models/registry.py): every model
+family registers its builders there with a ModelFamily (its outputs, its `options`, the dataclass of the keys it
+adds to the `model` group, and its answers about weights and checks), and the checks here read it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from src.dataclass_config import Owned, extend, foreign_settings, section
 from src.models.pretrained import check_cached_when_offline, is_weights_name, torchvision_weights, weights_source
-from src.models.registry import MODELS
+from src.models.registry import MODELS, model_family
 
 NORM_NAMES = ("bn", "syncbn", "torch_syncbn", "gn", "frozen_bn")
 # Norms that keep BatchNorm layers (with their eps and momentum) in the network.
@@ -27,7 +27,7 @@ BATCHNORM_KINDS = ("bn", "syncbn", "torch_syncbn", "frozen_bn")
 class ModelConfig:
     """`model` config group: which network to build and how (conf/model/*.yaml). These are the keys every model
     family reads; a family's own keys (model.output_stride, model.head_channels, ...) are declared next to its
-    builder (`MODELS.register(..., options=...)`) and added to this schema by model_schema()."""
+    builder (its ModelFamily's `options`) and added to this schema by model_schema()."""
 
     name: str = "resnet20"
     # Zero-init the last norm layer's weight in every residual block (Goyal et al. 2017).
@@ -56,7 +56,8 @@ class ModelConfig:
             raise ValueError(f"model.name must be one of {', '.join(MODELS.names())}; got {self.name!r} "
                              "(pick a file from conf/model/, e.g. model=resnet20)")
         entry = MODELS.get(self.name)
-        if entry.info.get("arch"):
+        family = entry.info["family"]
+        if family.arch:
             if not self.arch:
                 raise ValueError(f"model={self.name} needs model.arch=<architecture name>, e.g. "
                                  f"model={self.name} model.arch=resnet18")
@@ -67,37 +68,43 @@ class ModelConfig:
         if self.weights and self.backbone_weights:
             raise ValueError("model.weights (whole model) and model.backbone_weights are both set; "
                              "keep one: model.backbone_weights=null when model.weights is given")
-        self._validate_pretrained(entry.info.get("family"))
+        self._validate_pretrained(entry)
         if check_files:
-            check_cached_when_offline(self, entry.info.get("family"))
+            check_cached_when_offline(self)
         for key in ("weights", "backbone_weights") if check_files else ():
             path = getattr(self, key)
             if path and not is_weights_name(path) and not os.path.isfile(os.path.expanduser(path)):
                 raise ValueError(f"model.{key}: no file at {path!r}. Nothing is downloaded (offline); copy the "
                                  f"weights file there or set model.{key}=null")
-        if "check" in entry.info:  # the family's own rules across its options (e.g. model.arch exists in timm)
-            entry.info["check"](self)
+        if family.check is not None:  # the family's own rules across its options (e.g. model.arch exists in timm)
+            family.check(self)
 
-    def _validate_pretrained(self, family: Optional[str]) -> None:
-        """Weights by name: a name the model family's torchvision enum has; model.pretrained for timm only."""
+    def _validate_pretrained(self, entry: Any) -> None:
+        """Weights by name: a name the model family's torchvision enum has; model.pretrained where the family has
+        a library's pretrained weights (timm)."""
+        family = entry.info["family"]
         for key in ("weights", "backbone_weights"):
             name = getattr(self, key)
             if is_weights_name(name):
-                torchvision_weights(weights_source(self, family, key), name, f"model.{key}")
-        if self.pretrained and family != "timm":
-            hint = "model.weights=DEFAULT" if family in ("torchvision", "resnet") else "model.weights=<local file>"
-            if MODELS.get(self.name).info.get("backbone"):  # a ResNet trunk with heads: DeepLab, detection
+                torchvision_weights(weights_source(self, key), name, f"model.{key}")
+        if self.pretrained and family.pretrained_file is None:
+            hint = "model.weights=<local file>"
+            if entry.info.get("backbone"):  # a ResNet trunk with heads: DeepLab, detection
                 hint = "model.backbone_weights=DEFAULT"
-            raise ValueError(f"model.pretrained=true applies to model=timm only; for model={self.name} use {hint}")
+            elif family.weights_builder is not None:
+                hint = "model.weights=DEFAULT"
+            having = [e.name for e in MODELS if e.info["family"].pretrained_file is not None]
+            raise ValueError(f"model.pretrained=true applies to model={' / model='.join(having)} only; for "
+                             f"model={self.name} use {hint}")
         if self.pretrained and (self.weights or self.backbone_weights):
             raise ValueError("model.pretrained=true and a weights file are both set; keep one: "
                              "model.weights=null model.backbone_weights=null, or model.pretrained=false")
 
 
 def family_options() -> list[Owned]:
-    """(family, its option dataclass) of every registered model that declares options, once per family."""
-    return list(dict.fromkeys((e.info.get("family", e.name), e.info["options"]) for e in MODELS
-                              if e.info.get("options") is not None))
+    """(family name, its option dataclass) of every registered family that declares options, once per family."""
+    return list(dict.fromkeys((e.info["family"].name, e.info["family"].options) for e in MODELS
+                              if e.info["family"].options is not None))
 
 
 def model_schema() -> type[ModelConfig]:
@@ -121,15 +128,15 @@ def _check_family_options(cfg: ModelConfig, entry: Any) -> None:
     full = model_schema()
     if not isinstance(cfg, full):  # the core keys alone: the families' options at their defaults
         cfg = full(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)})
-    own = entry.info.get("options")
-    if own is not None:
-        options = section(cfg, own)
+    family = entry.info["family"]
+    if family.options is not None:
+        options = section(cfg, family.options)
         if hasattr(options, "validate"):
             options.validate()
-    family = entry.info.get("family", entry.name)
-    for key, value, owners in foreign_settings(cfg, family_options(), {family} if own is not None else set()):
-        raise ValueError(f"model.{key} applies only to {', '.join(owners)} models, not to model={cfg.name}: "
-                         f"remove model.{key}={value!r}")
+    active = {family.name} if family.options is not None else set()
+    for key, value, owners in foreign_settings(cfg, family_options(), active):
+        raise ValueError(f"model.{key}={value!r} is not read by model={cfg.name}: it is an option of "
+                         f"{', '.join(owners)} models; remove it")
 
 
 @dataclass
@@ -206,7 +213,7 @@ class NormConfig:
 
 def check_model_norm(model_cfg: ModelConfig, norm_cfg: NormConfig) -> None:
     """Checks that need both groups: zoo models keep their own BatchNorm eps and momentum."""
-    if not MODELS.get(model_cfg.name).info.get("arch") or norm_cfg.name not in BATCHNORM_KINDS:
+    if not model_family(model_cfg.name).arch or norm_cfg.name not in BATCHNORM_KINDS:
         return
     defaults = {f.name: f.default for f in dataclasses.fields(NormConfig)}
     for key in ("eps", "momentum"):

@@ -14,9 +14,11 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
 from torchvision.models.segmentation.fcn import FCNHead
 
+from src.models.activation_checkpointing import resnet_stages
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory, replace_batchnorm2d
-from src.models.registry import MODELS
+from src.models.pretrained import backbone_weights_builder
+from src.models.registry import MODELS, PIXEL_LOGITS, ModelFamily
 from src.models.resnet import build_dilated_resnet, feature_channels
 
 BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
@@ -199,9 +201,17 @@ def _builder(name: str) -> Callable[[ModelConfig, NormConfig, int], nn.Module]:
     return build
 
 
-for _variant in ("deeplabv3", "deeplabv3plus"):
+def _backbone_stages(model: nn.Module) -> list[str]:
+    """trainer.activation_checkpointing: the ResNet trunk's stages (the heads run once, as they are)."""
+    return resnet_stages(model.backbone, prefix="backbone.")
+
+
+# Per-pixel logits (every task that reads them); the backbone's ImageNet weights by name.
+FAMILIES = {variant: ModelFamily(variant, output=PIXEL_LOGITS, options=options,
+                                 weights_builder=backbone_weights_builder, checkpoint_stages=_backbone_stages)
+            for variant, options in (("deeplabv3", DeepLabOptions), ("deeplabv3plus", DeepLabV3PlusOptions))}
+
+for _variant, _family in FAMILIES.items():
     for _backbone in BACKBONES:
-        MODELS.register(f"{_variant}_{_backbone}", task="segmentation", family=_variant, backbone=_backbone,
-                        backbone_attr="backbone",
-                        options=DeepLabV3PlusOptions if _variant == "deeplabv3plus" else DeepLabOptions)(
+        MODELS.register(f"{_variant}_{_backbone}", family=_family, backbone=_backbone, backbone_attr="backbone")(
             _builder(f"{_variant}_{_backbone}"))

@@ -39,7 +39,8 @@ from torchvision.ops.poolers import initLevelMapper
 
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory
-from src.models.registry import MODELS
+from src.models.pretrained import backbone_weights_builder
+from src.models.registry import DETECTIONS, MODELS, ModelFamily
 from src.models.resnet import feature_channels
 
 Target = dict[str, torch.Tensor]  # {"boxes": float [K, 4] x1 y1 x2 y2 in pixels, "labels": int64 [K]}
@@ -241,10 +242,12 @@ class DetectorOptions:
 
 def _register() -> None:
     for family, (_, group_norm_heads) in FAMILIES.items():
-        checks = {"check": check_group_norm_heads} if group_norm_heads else {}
+        # torchvision's detection protocol; the backbone's ImageNet weights by name; no stages known to the trainer.
+        declared = ModelFamily(family, output=DETECTIONS, options=DetectorOptions,
+                               check=check_group_norm_heads if group_norm_heads else None,
+                               weights_builder=backbone_weights_builder)
         for backbone in BACKBONES:
-            MODELS.register(f"{family}_{backbone}", task="detection", family=family, backbone=backbone,
-                            backbone_attr=BACKBONE_ATTR, options=DetectorOptions, **checks)(
+            MODELS.register(f"{family}_{backbone}", family=declared, backbone=backbone, backbone_attr=BACKBONE_ATTR)(
                 _builder(family, backbone))
 
 

@@ -28,7 +28,8 @@ from src.models.config import ModelConfig, NormConfig
 from src.models.detection import (BACKBONE_ATTR, BACKBONES, DetectionTransform, DetectorOptions, Target, check_labels,
                                   fix_pyramid_scales, resnet_fpn)
 from src.models.norms import NormLayer, norm_layer_factory
-from src.models.registry import MODELS
+from src.models.pretrained import backbone_weights_builder
+from src.models.registry import INSTANCES, MODELS, ModelFamily
 
 MASK_HEAD_LAYERS = 4  # the mask head's 3x3 convs (Mask R-CNN's FPN head)
 BOX_REPRESENTATION = 1024  # the box head's two fully connected layers' width (torchvision's TwoMLPHead)
@@ -80,6 +81,9 @@ def _builder(backbone: str) -> Callable[[ModelConfig, NormConfig, int], nn.Modul
     return build
 
 
+# torchvision's detection protocol with masks; the detectors' keys; the backbone's ImageNet weights by name.
+MASKRCNN = ModelFamily("maskrcnn", output=INSTANCES, options=DetectorOptions, weights_builder=backbone_weights_builder)
+
 for _backbone in BACKBONES:
-    MODELS.register(f"maskrcnn_{_backbone}", task="instance_segmentation", family="maskrcnn", backbone=_backbone,
-                    backbone_attr=BACKBONE_ATTR, options=DetectorOptions)(_builder(_backbone))
+    MODELS.register(f"maskrcnn_{_backbone}", family=MASKRCNN, backbone=_backbone, backbone_attr=BACKBONE_ATTR)(
+        _builder(_backbone))

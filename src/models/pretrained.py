@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import torch
 
 from src.errors import MissingFileError, UserError
-from src.models.registry import MODELS
+from src.models.registry import MODELS, model_family
 
 # A weights enum member (DEFAULT, IMAGENET1K_V2, ...), optionally qualified (ResNet50_Weights.IMAGENET1K_V2):
 # what tells a weights name from a file path in model.weights / model.backbone_weights.
@@ -79,27 +79,26 @@ def weights_num_classes(weights: Any) -> int | None:
     return len(categories) if categories else None
 
 
-def weights_source(cfg: Any, family: str | None, key: str) -> str:
-    """The torchvision builder whose weights enum names model.<key> for this model family; ValueError for
-    families without named weights, saying what to use instead."""
-    if family == "torchvision":
-        return cfg.arch
-    if family == "resnet":  # our ImageNet ResNets are torchvision's, with the same state_dict keys
-        return cfg.name
-    backbone = MODELS.get(cfg.name).info.get("backbone") if cfg.name in MODELS else None
-    if backbone is not None:  # DeepLab and detection models: a torchvision ResNet inside, with its own heads
-        if key == "backbone_weights":
-            return backbone  # the ResNet backbone's ImageNet weights
-        raise UserError(f"model.weights={cfg.weights}: names select ImageNet weights for the backbone of "
-                        f"{cfg.name}: use model.backbone_weights={cfg.weights} (the heads train from scratch), or "
-                        "give model.weights a local file of the whole model")
-    if family == "timm":
-        raise UserError(f"model.{key}={getattr(cfg, key)}: timm's weights are chosen by model.arch (with its "
-                        f"tag, e.g. resnet18.a1_in1k) and loaded with model.pretrained=true; model.{key} takes "
-                        "a local file only")
-    raise UserError(f"model.{key}={getattr(cfg, key)}: model={cfg.name} has no weights by name (only "
-                    "torchvision and timm models, our ImageNet ResNets and DeepLab backbones do); give a local "
-                    "file or null")
+def weights_source(cfg: Any, key: str) -> str:
+    """The torchvision builder whose weights enum names model.<key> for cfg's model, as its family says
+    (ModelFamily.weights_builder); ValueError for families without named weights, saying what to use instead."""
+    family = model_family(cfg.name)
+    if family.weights_builder is None:
+        hint = (" (its weights by name come with model.pretrained=true)" if family.pretrained_file is not None
+                else "")
+        raise UserError(f"model.{key}={getattr(cfg, key)}: model={cfg.name} has no weights by name{hint}; give a "
+                         "local file or null")
+    return family.weights_builder(cfg, key)
+
+
+def backbone_weights_builder(cfg: Any, key: str) -> str:
+    """ModelFamily.weights_builder of models with a torchvision ResNet inside and heads of their own (DeepLab,
+    detection; the entry's `backbone`): its ImageNet weights are for model.backbone_weights only."""
+    if key == "backbone_weights":
+        return MODELS.get(cfg.name).info["backbone"]
+    raise UserError(f"model.weights={cfg.weights}: names select ImageNet weights for the backbone of "
+                     f"{cfg.name}: use model.backbone_weights={cfg.weights} (the heads train from scratch), or "
+                     "give model.weights a local file of the whole model")
 
 
 # --- timm -------------------------------------------------------------------------------------------------
@@ -151,7 +150,7 @@ def timm_pretrained_file(pretrained_cfg: dict[str, Any]) -> str:
                                 lambda: torch.hub.download_url_to_file(url, str(path), progress=False) or str(path))
 
 
-def check_cached_when_offline(cfg: Any, family: str | None) -> None:
+def check_cached_when_offline(cfg: Any) -> None:
     """With HF_HUB_OFFLINE set, every weights file named by the config must be in its cache: checked with the
     config, before any process group starts, with the error the model builder would raise later."""
     if not offline():
@@ -159,17 +158,14 @@ def check_cached_when_offline(cfg: Any, family: str | None) -> None:
     for key in ("weights", "backbone_weights"):
         name = getattr(cfg, key)
         if is_weights_name(name):
-            weights = torchvision_weights(weights_source(cfg, family, key), name, f"model.{key}")
+            weights = torchvision_weights(weights_source(cfg, key), name, f"model.{key}")
             path = torchvision_cache_file(weights)
             if not path.is_file():
                 _missing_or_download(f"model.{key}={type(weights).__name__}.{weights.name}", path, weights.url,
                                      lambda: None)
-    if cfg.pretrained and family == "timm":
-        from timm.models import get_pretrained_cfg
-
-        pretrained_cfg = get_pretrained_cfg(cfg.arch)
-        if pretrained_cfg is not None:
-            timm_pretrained_file(pretrained_cfg.to_dict())  # offline: a lookup in the cache, or the error
+    family = model_family(cfg.name)
+    if cfg.pretrained and family.pretrained_file is not None:
+        family.pretrained_file(cfg)  # offline: a lookup in the cache, or the error
 
 
 def _missing_or_download(what: str, place: Path | str, url: str, download: Callable[[], Any]) -> Any:

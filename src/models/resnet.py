@@ -7,9 +7,10 @@ from typing import Any, Callable, Optional, Sequence
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
+from src.models.activation_checkpointing import resnet_stages
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import NormLayer, norm_layer_factory
-from src.models.registry import MODELS
+from src.models.registry import IMAGE_LOGITS, MODELS, ModelFamily
 
 # (block, blocks per stage) as in torchvision.models.resnet18 ... resnet152.
 _LAYOUTS: dict[str, tuple[str, list[int]]] = {
@@ -36,8 +37,18 @@ def _classifier_builder(name: str) -> Callable[[ModelConfig, NormConfig, int], t
     return build
 
 
+def _torchvision_builder(cfg: ModelConfig, key: str) -> str:
+    """Our ImageNet ResNets are torchvision's, with the same state_dict keys: the weights of its builder of the same
+    name (model.weights=DEFAULT; model.backbone_weights=DEFAULT leaves the head to train)."""
+    return cfg.name
+
+
+# ImageNet classifiers: every task that reads per-image logits; torchvision's weights by name; stages layer1..4.
+RESNET = ModelFamily("resnet", output=IMAGE_LOGITS, weights_builder=_torchvision_builder,
+                     checkpoint_stages=resnet_stages)
+
 for _name in _LAYOUTS:
-    MODELS.register(_name, task="classification", family="resnet")(_classifier_builder(_name))
+    MODELS.register(_name, family=RESNET)(_classifier_builder(_name))
 
 
 def _set_dilation(conv: nn.Conv2d, dilation: int) -> None:

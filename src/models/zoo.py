@@ -16,9 +16,10 @@ from typing import Any
 
 from torch import nn
 
+from src.models.activation_checkpointing import resnet_stages
 from src.models.config import ModelConfig, NormConfig
 from src.models.norms import adopt_norm
-from src.models.registry import MODELS
+from src.models.registry import IMAGE_LOGITS, MODELS, ModelFamily
 
 # Options the config owns: num_classes comes from the data, weights from local files.
 _RESERVED_KWARGS = ("num_classes", "pretrained", "weights", "pretrained_cfg_overlay")
@@ -82,7 +83,64 @@ def classifier_module_names(model: nn.Module, num_classes: int) -> tuple[str, ..
                      f"{num_classes} outputs")
 
 
-@MODELS.register("timm", task="classification", family="timm", arch=True, check=check_timm)
+def timm_pretrained(cfg: ModelConfig) -> str:
+    """model.pretrained=true: the local file of timm's pretrained weights of model.arch (its Hugging Face hub cache;
+    downloaded when missing unless offline, src/models/pretrained.py)."""
+    from timm.models import get_pretrained_cfg
+
+    from src.models.pretrained import timm_pretrained_file
+
+    pretrained_cfg = get_pretrained_cfg(cfg.arch)
+    if pretrained_cfg is None:
+        raise ValueError(f"model=timm model.arch={cfg.arch} model.pretrained=true: timm has no pretrained "
+                         "weights for it (timm.list_pretrained() lists the names that have); set "
+                         "model.pretrained=false")
+    return timm_pretrained_file(pretrained_cfg.to_dict())
+
+
+def _timm_weights_builder(cfg: ModelConfig, key: str) -> str:
+    raise ValueError(f"model.{key}={getattr(cfg, key)}: timm's weights are chosen by model.arch (with its tag, e.g. "
+                     f"resnet18.a1_in1k) and loaded with model.pretrained=true; model.{key} takes a local file only")
+
+
+def _timm_checkpointing(model: nn.Module) -> list[str]:
+    """timm's own set_grad_checkpointing (non-reentrant, so BatchNorm sees its recomputation)."""
+    from timm.layers import use_reentrant_ckpt
+
+    if use_reentrant_ckpt():
+        raise ValueError("trainer.activation_checkpointing=true needs timm's non-reentrant checkpoints, but timm is "
+                         "set to reentrant ones (TIMM_REENTRANT_CKPT or timm.layers.set_reentrant_ckpt); unset it")
+    try:
+        model.set_grad_checkpointing(True)
+    except (AssertionError, NotImplementedError) as err:
+        raise ValueError(f"trainer.activation_checkpointing=true: timm's {type(model).__name__} does not support "
+                         f"gradient checkpointing ({err or 'set_grad_checkpointing refused'}); "
+                         "set trainer.activation_checkpointing=false") from err
+    return ["(timm set_grad_checkpointing)"]
+
+
+def _torchvision_resnets_only(cfg: ModelConfig) -> None:
+    """trainer.activation_checkpointing: only torchvision's ResNet family has the stages (layer1..layer4)."""
+    from torchvision import models
+
+    builder = models.get_model_builder(cfg.arch) if cfg.arch else None
+    if builder is None or builder.__module__ != models.resnet.__name__:
+        raise ValueError(
+            f"trainer.activation_checkpointing=true: model=torchvision model.arch={cfg.arch}: only torchvision's "
+            "ResNet family (resnet*, resnext*, wide_resnet*) has stages known to the trainer; use model=timm "
+            "(timm's own checkpointing) or set trainer.activation_checkpointing=false"
+        )
+
+
+# Classifiers chosen by model.arch: every task that reads per-image logits.
+TIMM = ModelFamily("timm", output=IMAGE_LOGITS, arch=True, check=check_timm, weights_builder=_timm_weights_builder,
+                   pretrained_file=timm_pretrained, checkpoint_stages=_timm_checkpointing)
+TORCHVISION = ModelFamily("torchvision", output=IMAGE_LOGITS, arch=True, check=check_torchvision,
+                          weights_builder=lambda cfg, key: cfg.arch, checkpoint_stages=resnet_stages,
+                          checkpoint_check=_torchvision_resnets_only)
+
+
+@MODELS.register("timm", family=TIMM)
 def build_timm(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
     """timm.create_model(model.arch, pretrained=model.pretrained, num_classes=..., **model.kwargs), configured norm."""
     timm = _import_timm()
@@ -90,17 +148,8 @@ def build_timm(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.M
     if cfg.zero_init_residual:
         kwargs.setdefault("zero_init_last", True)  # timm's name for it (ResNets, RegNets, ...)
     if cfg.pretrained:
-        from timm.models import get_pretrained_cfg
-
-        from src.models.pretrained import timm_pretrained_file
-
-        pretrained_cfg = get_pretrained_cfg(cfg.arch)
-        if pretrained_cfg is None:
-            raise ValueError(f"model=timm model.arch={cfg.arch} model.pretrained=true: timm has no pretrained "
-                             "weights for it (timm.list_pretrained() lists the names that have); set "
-                             "model.pretrained=false")
         # A local file: timm reads it as it would its own download, with no Hugging Face hub call.
-        kwargs["pretrained_cfg_overlay"] = {"file": timm_pretrained_file(pretrained_cfg.to_dict())}
+        kwargs["pretrained_cfg_overlay"] = {"file": timm_pretrained(cfg)}
     try:
         model = timm.create_model(cfg.arch, pretrained=cfg.pretrained, num_classes=num_classes, **kwargs)
     except TypeError as err:
@@ -114,7 +163,7 @@ def build_timm(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.M
     return adopt_norm(model, norm_cfg)
 
 
-@MODELS.register("torchvision", task="classification", family="torchvision", arch=True, check=check_torchvision)
+@MODELS.register("torchvision", family=TORCHVISION)
 def build_torchvision(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> nn.Module:
     """torchvision.models.get_model(model.arch, weights=None, num_classes=..., **model.kwargs), configured norm."""
     from torchvision import models

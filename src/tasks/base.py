@@ -1,20 +1,21 @@
 """The task interface: everything that differs between classification, segmentation, detection, ...
 
 A task is one object, registered once (src/tasks/registry.py) by its package src/tasks/<task>/, under the name
-that its datasets and models are registered with (`@DATASETS.register(..., task="detection")`). Config
-validation resolves the run's task once (`config.task`) and hands it down; the engine and the commands only
-call these members and never ask which task it is running (docs/tasks.md is the guide).
+that its datasets are registered with (`@DATASETS.register(..., task="detection")`); it uses every model whose
+family produces what it reads (`model_output`). Config validation resolves the run's task once (the one model
+and dataset have in common, or `task=`: `config.resolved_task`) and hands it down; the engine and the commands
+only call these members and never ask which task it is running (docs/tasks.md is the guide).
 
 Who calls what:
 - config validation: `metrics` and their directions (`higher_is_better`), `per_class_prefix`, `config_options`
   (the task's keys in the config groups, src/dataclass_config.py), `validate(config)`;
 - the training run: `data` (TaskData: transforms and collation of Batches, src/data/batch.py), `options(config)`
-  (one object) for `loss(options)` and `batch_mix(options, ...)`, `forward` (training mode);
-- evaluation (src/engine/evaluation/evaluator.py): `evaluator(context)`, whose `process` sees every batch and
-  whose `compute` (every rank, collectives) returns the metrics;
+  (one object) for `loss(options)` and `batch_mix(options, ...)`, `forward` (training mode), `train_hooks`;
+- evaluation (src/engine/evaluation/evaluator.py): `eval_forward` of each batch, `evaluator(context)`, whose
+  `process` sees every batch's outputs and whose `compute` (every rank, collectives) returns the metrics;
 - TensorBoard: `log_train_samples`, `log_eval_pictures`;
-- predict.py: `predict_options`, `predict_settings`, `predict_batch_size`, `predict`; export.py: `export_output`,
-  `export_size`; the dry run: `describe_output`.
+- predict.py: `predict_options`, `predict_settings`, `predict_batch_size`, `eval_forward`, `predict`; export.py:
+  `eval_forward`, `export_output`, `export_size`; the dry run: `describe_output`.
 
 The defaults below are those of a model that maps a stacked image batch to one tensor (a classifier); a task
 overrides what differs.
@@ -62,6 +63,9 @@ class Task:
     """One kind of problem; subclass and register an instance (src/tasks/registry.py)."""
 
     name: str = ""
+    # What it reads of a model's outputs (src/models/registry.py's kinds: IMAGE_LOGITS, PIXEL_LOGITS, ...): the
+    # models it uses are those whose family produces that, so a new task reuses every model that fits it.
+    model_output: str = ""
     # Validation metrics and which way each improves (MAX or MIN); the first ranks best-k checkpoints by default.
     metrics: Mapping[str, str] = {}
     # Per-class metrics named <prefix><class> also exist (e.g. "iou_"), improving this way.
@@ -134,11 +138,23 @@ class Task:
         """What mixes each training batch and its targets before the forward (MixUp, CutMix), or None."""
         return None
 
+    def train_hooks(self, config: Any, *, writer: Any) -> Sequence[Any]:
+        """The task's own hooks of a training run (src/engine/hooks.py's protocol: objects with any of before_train,
+        after_step, after_epoch, after_train, run on every rank); they run after each evaluation and before the
+        checkpoint that records it (default: none). `writer`: rank 0's TensorBoard SummaryWriter, or None."""
+        return ()
+
     def describe_output(self, outputs: Any) -> str:
         """The dry run's one-line description of a forward's outputs."""
         return str(tuple(outputs.shape))
 
     # --- evaluation ----------------------------------------------------------------------------------------
+    def eval_forward(self, module: nn.Module, images: Any) -> Any:
+        """The evaluation-mode forward of a Batch's images (no targets): what evaluation, predict.py, the dry run's
+        eval-mode forward and export.py's file compute; `evaluator`, `predict` and `export_output` read its
+        outputs."""
+        return module(images)
+
     def evaluator(self, context: EvalContext) -> Evaluator:
         """A fresh accumulator for one evaluation (a subclass must say)."""
         raise NotImplementedError(f"task {self.name!r} defines no evaluator")

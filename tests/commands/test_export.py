@@ -21,7 +21,6 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import src.config  # noqa: F401  (registers train_schema)
 from src.commands.export import FORMATS, SUFFIXES, inference_module, load_trained_model, run
 from src.config import config_dict, validate_config
 from tests.support.task_data import build_datasets
@@ -81,7 +80,7 @@ def model_logit_scale(model: torch.nn.Module, cfg) -> float:
     """The largest |logit| of the model (eval mode) on a random batch."""
     side = cfg.data.image_size
     with torch.no_grad():
-        out = inference_module(model, cfg.task.export_output)(
+        out = inference_module(model, cfg.resolved_task.export_output)(
             torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(2)))
     model.train()
     return float(out.abs().max())
@@ -158,7 +157,7 @@ def test_syncbn_is_reverted_and_running_statistics_kept(checkpoint: Checkpoint) 
     model = build_model(cfg.model, cfg.norm, len(load_trained_model(ckpt).class_names))
     assert any(isinstance(m, SyncBatchNorm) for m in model.modules())
     model.load_state_dict(weights)
-    exported = inference_module(model, cfg.task.export_output)
+    exported = inference_module(model, cfg.resolved_task.export_output)
     assert not any(isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)) for m in exported.modules())
     assert not exported.training
     state = exported.model.state_dict()

@@ -9,7 +9,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
 from src.tasks.instance_segmentation.masks import decode
 from tests.support.coco_files import varied_coco, with_segmentations, write_coco_folder
@@ -88,14 +87,15 @@ def test_mask_rcnn_trains_on_a_coco_folder_with_polygons_and_run_length_masks(tm
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.label_smoothing=0.1", "trainer.label_smoothing applies to classification only; this run is "
+    ("trainer.label_smoothing=0.1", "trainer.label_smoothing=0.1 is not read by this run's task, "
                                     "instance_segmentation"),
     ("trainer.channels_last=true", "trainer.channels_last=true does not apply to instance_segmentation"),
     ("data.device_transforms=true", "data.device_transforms=true does not apply to instance_segmentation"),
     ("trainer.precise_bn_batches=2", "trainer.precise_bn_batches=2 does not apply to instance_segmentation"),
     ("trainer.compile=true", "trainer.compile=true does not apply to instance_segmentation"),
     ("trainer.best_metric=map", "is not a instance_segmentation metric"),
-    ("data=shapes_det", "is a instance_segmentation model but data.name=shapes_det is a detection dataset"),
+    ("data=shapes_det", r"\(serves instance_segmentation\) and data.name=shapes_det \(serves detection\) have no "
+                        "task in common"),
 ])
 def test_what_instance_segmentation_cannot_do_is_refused_at_validation(override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -106,14 +106,15 @@ def test_best_metric_defaults_to_mask_map() -> None:
     from src.config import best_metric_of
 
     config = validate_config(_compose("train", INST))
-    assert config.task.name == "instance_segmentation" and best_metric_of(config) == "mask_map"
-    assert config.task.higher_is_better("mask_map") and config.task.higher_is_better("ema_box_map")
+    assert config.task == "instance_segmentation" and best_metric_of(config) == "mask_map"
+    assert config.resolved_task.higher_is_better("mask_map") and config.resolved_task.higher_is_better("ema_box_map")
 
 
 def test_data_coco_serves_detection_and_instance_segmentation_models() -> None:
     coco = ["data=coco", "data.root=/nowhere", "device=cpu"]  # validation reads no file
-    assert validate_config(_compose("train", ["model=maskrcnn_resnet18", *coco])).task.name == "instance_segmentation"
-    assert validate_config(_compose("train", ["model=fcos_resnet18", *coco])).task.name == "detection"
-    with pytest.raises(ValueError, match=r"data.name=coco is a detection and instance_segmentation dataset; .* or a "
-                                         r"detection or instance_segmentation model \(model=fcos_resnet18,.*maskrcnn_"):
+    assert validate_config(_compose("train", ["model=maskrcnn_resnet18", *coco])).task == "instance_segmentation"
+    assert validate_config(_compose("train", ["model=fcos_resnet18", *coco])).task == "detection"
+    with pytest.raises(ValueError, match=r"data.name=coco \(serves detection and instance_segmentation\) have no task "
+                                         r"in common: .* or a model of the dataset's tasks \(model=fcos_resnet18,"
+                                         r".*maskrcnn_"):
         validate_config(_compose("train", ["model=resnet20", *coco]))

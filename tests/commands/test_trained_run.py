@@ -17,7 +17,7 @@ def test_a_syncbn_checkpoint_is_rebuilt_as_batchnorm_with_its_weights_in_eval_mo
     stored = write_format_v0(ckpt, ["model=resnet20", "norm=syncbn", "data.image_size=16", "trainer.ema=true"],
                              epoch=1, step=4, steps_per_epoch=4)
     run = load_trained_run(str(ckpt), device=torch.device("cpu"), overrides={"trainer": {"num_threads": 1}})
-    assert isinstance(run.config, TrainConfig) and run.task.name == "classification" and run.task is run.config.task
+    assert isinstance(run.config, TrainConfig) and run.task.name == "classification" and run.task is run.config.resolved_task
     # Eval-mode SyncBN is F.batch_norm with the running statistics, exactly as nn.BatchNorm2d computes it.
     assert (run.trained_norm, run.config.norm.name) == ("syncbn", "bn")
     assert count_norm_layers(run.model) == {"BatchNorm2d": 19} and not run.model.training

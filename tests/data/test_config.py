@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from src.config import DataSchema, data_config, validate_config
+from src.config import data_config, validate_config
 from src.data import DATASETS, dataset_task
 from src.data.config import DataConfig, coerce, data_schema, dataset_options
-from src.models import MODELS
+from src.tasks import task_models
 from tests.support.task_data import build_datasets
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
@@ -27,11 +27,11 @@ def test_every_registered_dataset_has_a_config_file_and_every_file_a_dataset() -
 @pytest.mark.parametrize("name", sorted(DATASETS.names()))
 def test_each_yaml_is_a_valid_structured_config(name: str) -> None:
     """With its dataset's and tasks' options (the run's schema), and validated with a model of its task."""
-    node = OmegaConf.merge(OmegaConf.structured(DataSchema), OmegaConf.load(CONF / f"{name}.yaml"))
+    node = OmegaConf.merge(OmegaConf.structured(type(data_config())), OmegaConf.load(CONF / f"{name}.yaml"))
     cfg = OmegaConf.to_object(node)
     assert isinstance(cfg, DataConfig) and cfg.name == name
     cfg.validate()
-    model = MODELS.names(dataset_task(name))[0]
+    model = task_models(dataset_task(name))[0]
     assert validate_config({"data": OmegaConf.to_container(node), "model": {"name": model}}).data == cfg
 
 

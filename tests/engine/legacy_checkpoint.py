@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
-import src.config  # noqa: F401  (registers train_schema)
 from src.config import config_dict, validate_config
 from src.engine.optim import build_optimizer, build_scheduler
 from src.models import build_model

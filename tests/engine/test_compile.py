@@ -8,7 +8,6 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
-import src.config  # noqa: F401  (registers train_schema)
 from src.config import validate_config
 from src.engine.checkpoint.files import load_checkpoint
 from src.engine.compile import CompileError, compile_failure, compile_modules

@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 from torchvision.models import get_model_weights
 
 from src.data import DATASETS
-from src.models import MODELS, ModelConfig, NormConfig, build_model, model_config, model_schema, model_task
+from src.models import MODELS, ModelConfig, NormConfig, build_model, model_config, model_schema
+from src.models.registry import IMAGE_LOGITS, ModelFamily, model_output
+from src.tasks import model_tasks
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
@@ -42,7 +44,7 @@ def test_model_yaml_validates(path: Path) -> None:
     cfg.validate()
 
 
-@pytest.mark.parametrize("path", [p for p in MODEL_FILES if MODELS.get(p.stem).task == "classification"],
+@pytest.mark.parametrize("path", [p for p in MODEL_FILES if model_output(p.stem) == IMAGE_LOGITS],
                          ids=lambda p: p.stem)
 def test_classifier_yaml_builds(path: Path) -> None:
     cfg = load(model_schema(), path)
@@ -66,27 +68,26 @@ def test_norm_yaml_validates(path: Path) -> None:
     cfg.validate(device=None)
 
 
-def test_every_model_name_has_a_task() -> None:
-    """Each name's task is a registered one, the same for a whole family; the classifiers here are classification's
-    (a task's own models: its test module, e.g. test_its_models_are_registered)."""
-    from src.tasks import task_names
-
-    families: dict[str, set[str]] = {}
+def test_every_model_name_serves_a_task_by_its_family() -> None:
+    """Each name has a family, which says what its models produce; every name serves at least one registered task,
+    the same ones as the rest of its family; the classifiers here serve classification (and every other task that
+    reads per-image logits)."""
+    families: dict[str, set[tuple[str, ...]]] = {}
     for entry in MODELS:
-        arch = {"arch": ZOO_ARCH[entry.name]} if entry.name in ZOO_ARCH else {}
-        assert model_task({"name": entry.name, **arch}) == entry.task and entry.task in task_names()
-        families.setdefault(entry.info.get("family", entry.name), set()).add(entry.task)
+        family = entry.info["family"]
+        assert isinstance(family, ModelFamily) and model_tasks(entry.name), entry.name
+        families.setdefault(family.name, set()).add(model_tasks(entry.name))
     assert all(len(tasks) == 1 for tasks in families.values()), families
     classifiers = {"resnet20", "resnet56", "resnet18", "resnet50", "timm", "torchvision"}
-    assert {n: MODELS.get(n).task for n in classifiers} == dict.fromkeys(classifiers, "classification")
+    assert all("classification" in model_tasks(n) for n in classifiers)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"name": "resnet21"}, "model.name must be one of"),
     ({"cifar_shortcut": "C"}, "model.cifar_shortcut must be A or B"),
     # A family's option on a model of another family: nothing would read it.
-    ({"name": "resnet18", "cifar_shortcut": "B"}, "model.cifar_shortcut applies only to cifar_resnet models, not to "
-                                                  "model=resnet18: remove model.cifar_shortcut='B'"),
+    ({"name": "resnet18", "cifar_shortcut": "B"}, "model.cifar_shortcut='B' is not read by model=resnet18: it is an "
+                                                  "option of "),
     ({"weights": "/nonexistent/w.pth"}, "model.weights: no file at '/nonexistent/w.pth'"),
     ({"backbone_weights": "/nonexistent/b.pth"}, "model.backbone_weights: no file at"),
     ({"arch": "resnet50"}, "model.arch and model.kwargs apply only to model=timm / model=torchvision"),
@@ -198,22 +199,22 @@ def test_one_registration_is_all_a_new_model_needs() -> None:
     from src.models.norms import norm_layer_factory
     from src.syncbn import SyncBatchNorm2d
 
-    @MODELS.register("my_test_net", task="classification")
+    @MODELS.register("my_test_net", family=ModelFamily("my_test_net", output=IMAGE_LOGITS))
     def build_my_test_net(cfg: ModelConfig, norm_cfg: NormConfig, num_classes: int) -> torch.nn.Module:
         norm = norm_layer_factory(norm_cfg)
         return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), norm(8), torch.nn.ReLU(),
                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, num_classes))
 
     try:
-        assert model_task({"name": "my_test_net"}) == "classification"
+        assert "classification" in model_tasks("my_test_net")
         model = build_model({"name": "my_test_net"}, {"name": "syncbn"}, 3)
         assert type(model[1]) is SyncBatchNorm2d and model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
             validate_config(compose("train", overrides=["model.name=my_test_net"]))
-            # A dataset of another task is refused: every other task's first (none in a classification-only project).
-            for data in [e for e in DATASETS if e.task != "classification"][:1]:
-                with pytest.raises(ValueError, match=f"model.name=my_test_net is a classification model but "
-                                                     f"data.name={data.name} is a {data.task} dataset"):
+            # A dataset of no task the model serves is refused naming both (none in a classification-only project).
+            for data in [e for e in DATASETS if not set(e.tasks) & set(model_tasks("my_test_net"))][:1]:
+                with pytest.raises(ValueError, match=f"model.name=my_test_net .serves .*. and data.name={data.name} "
+                                                     r".serves .*. have no task in common"):
                     validate_config(compose("train", overrides=["model.name=my_test_net", f"data={data.name}"]))
     finally:
         MODELS._entries.pop("my_test_net")  # the registry is process-wide: leave it as it was

@@ -11,9 +11,10 @@ from torchvision.models import get_model_weights
 from torchvision.models.segmentation import deeplabv3_resnet50
 from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 
-from src.models import MODELS, NormConfig, build_model, model_schema, param_groups
+from src.models import NormConfig, build_model, model_family, model_schema, param_groups
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.models.deeplab import deeplab_head
+from src.tasks import task_models
 from tests.models.test_cifar_resnet import assert_same_seed_same_weights
 from tests.models.test_config import assert_refused, load
 from tests.models.test_cuda import (test_torch_syncbn_accepted_and_matches_bn_on_one_gpu,  # noqa: F401  (DeepLab's)
@@ -165,7 +166,7 @@ def test_model_yaml_builds(path: Path) -> None:
 
 
 def test_its_models_are_registered() -> None:
-    assert set(MODELS.names("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
+    assert set(task_models("segmentation")) == {f"deeplabv3{p}_resnet{d}" for p in ("", "plus")
                                                  for d in (18, 34, 50, 101)}
 
 
@@ -174,10 +175,11 @@ def test_its_models_are_registered() -> None:
     ({"name": "deeplabv3_resnet18", "aux_loss_weight": -1.0}, "model.aux_loss_weight must be a finite number >= 0"),
     ({"name": "deeplabv3_resnet18", "head_channels": 0}, "model.head_channels must be >= 1"),
     ({"name": "deeplabv3plus_resnet18", "decoder_stride": 8}, "model.decoder_stride must be 4 or 2, got 8"),
-    ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride applies only to deeplabv3plus models"),
-    ({"name": "resnet20", "aux_loss_weight": 0.4}, "model.aux_loss_weight applies only to deeplabv3, deeplabv3plus "
-                                                   "models, not to model=resnet20"),
-    ({"name": "timm", "arch": "resnet18", "output_stride": 8}, "model.output_stride applies only to deeplabv3"),
+    ({"name": "deeplabv3_resnet18", "decoder_stride": 2}, "model.decoder_stride=2 is not read by "
+                                                          "model=deeplabv3_resnet18: it is an option of deeplabv3plus"),
+    ({"name": "resnet20", "aux_loss_weight": 0.4}, "model.aux_loss_weight=0.4 is not read by model=resnet20: it is an "
+                                                   "option of deeplabv3, deeplabv3plus"),
+    ({"name": "timm", "arch": "resnet18", "output_stride": 8}, "model.output_stride=8 is not read by model=timm"),
 ])
 def test_bad_options(overrides: dict, message: str) -> None:
     assert_refused(overrides, message)
@@ -220,12 +222,12 @@ def test_logits_at_the_input_size_on_gpu_channels_last(cuda_model_cfg: dict) -> 
 def test_syncbn_one_process_counts_once_and_deeplab_backbone() -> None:
     cfg = {"name": "deeplabv3plus_resnet18", "output_stride": 16, "head_channels": 16}
     torch.manual_seed(0)
-    regions = enable_activation_checkpointing(build_model(cfg, {"name": "syncbn"}, 5), "deeplabv3plus")
+    regions = enable_activation_checkpointing(build_model(cfg, {"name": "syncbn"}, 5), model_family(cfg["name"]))
     assert regions == ["backbone.layer1", "backbone.layer2", "backbone.layer3", "backbone.layer4"]
     # One optimizer step of two micro-batches: a ResNet-18 trunk in float64 is slow on 2 cores.
     gen = torch.Generator().manual_seed(3)
     batches = [(x, torch.randint(0, 5, (2, 16, 16), generator=gen)) for x, _ in _batches(3, 2, 16)[:MICRO_BATCHES]]
-    plain, ckpt = _two_runs(cfg, "syncbn", "deeplabv3plus", batches,
+    plain, ckpt = _two_runs(cfg, "syncbn", batches,
                             loss_of=lambda out, y: F.cross_entropy(out["out"], y))
     _compare(plain, ckpt)
     assert int(ckpt["state"]["backbone.layer3.0.bn1.num_batches_tracked"]) == MICRO_BATCHES

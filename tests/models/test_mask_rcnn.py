@@ -128,9 +128,9 @@ def test_bad_options() -> None:
 
 
 def test_its_models_are_registered() -> None:
-    from src.models import MODELS
+    from src.tasks import task_models
 
-    assert set(MODELS.names("instance_segmentation")) == {f"maskrcnn_resnet{depth}" for depth in (18, 34, 50)}
+    assert set(task_models("instance_segmentation")) == {f"maskrcnn_resnet{depth}" for depth in (18, 34, 50)}
 
 
 def test_roi_poolers_read_the_fpn_levels_whatever_the_first_batch() -> None:

@@ -1,5 +1,5 @@
 """The data layer's builders with the data handling of the dataset's own task filled in, as a training run hands
-it down from its validated config (config.task.data): for tests that build a dataset or a loader by itself."""
+it down from its validated config (config.resolved_task.data): for tests that build a dataset or a loader by itself."""
 from __future__ import annotations
 
 from typing import Any

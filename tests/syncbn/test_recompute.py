@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from src.models import build_model
+from src.models import build_model, model_family
 from src.models.activation_checkpointing import enable_activation_checkpointing
 from src.syncbn import SyncBatchNorm2d, collectives
 from tests.support.gloo import run_on_ranks
@@ -64,14 +64,14 @@ def _compare(plain: dict[str, Any], ckpt: dict[str, Any]) -> None:
         torch.testing.assert_close(ckpt["grads"][name], value, **TOL, msg=name)
 
 
-def _two_runs(model_cfg: dict, norm: str, family: str, batches: list, *, ddp: bool = False,
+def _two_runs(model_cfg: dict, norm: str, batches: list, *, ddp: bool = False,
               loss_of: Any = None) -> tuple[dict, dict]:
     results = []
     for checkpointed in (False, True):
         torch.manual_seed(0)
         model = build_model(model_cfg, {"name": norm}, 5).double().train()
         if checkpointed:
-            assert enable_activation_checkpointing(model, family)
+            assert enable_activation_checkpointing(model, model_family(model_cfg["name"]))
         module = DDP(model) if ddp else model
         results.append(_train(model, module, batches, loss_of))
     return results[0], results[1]
@@ -79,7 +79,7 @@ def _two_runs(model_cfg: dict, norm: str, family: str, batches: list, *, ddp: bo
 
 def _rank_runs(rank: int, world: int, payload: dict) -> dict:
     batches = [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in payload["batches"]]
-    plain, ckpt = _two_runs({"name": "resnet20"}, "syncbn", "cifar_resnet", batches, ddp=True)
+    plain, ckpt = _two_runs({"name": "resnet20"}, "syncbn", batches, ddp=True)
     return {"plain": plain, "ckpt": ckpt}
 
 
@@ -96,7 +96,7 @@ def test_syncbn_resnet_checkpointed_on_two_processes_equals_plain() -> None:
 
 
 def test_bn_resnet_checkpointed_equals_plain() -> None:
-    plain, ckpt = _two_runs({"name": "resnet20"}, "bn", "cifar_resnet", _batches(2, 4, 12))
+    plain, ckpt = _two_runs({"name": "resnet20"}, "bn", _batches(2, 4, 12))
     _compare(plain, ckpt)
     assert int(ckpt["state"]["layer2.0.bn1.num_batches_tracked"]) == STEPS * MICRO_BATCHES
 
@@ -113,7 +113,7 @@ def test_unguarded_torch_checkpoint_double_counts() -> None:
 def test_timm_model_uses_its_own_checkpointing() -> None:
     pytest.importorskip("timm")
     cfg = {"name": "timm", "arch": "resnet10t"}
-    plain, ckpt = _two_runs(cfg, "syncbn", "timm", _batches(4, 4, 16))
+    plain, ckpt = _two_runs(cfg, "syncbn", _batches(4, 4, 16))
     _compare(plain, ckpt)
 
 
@@ -127,4 +127,4 @@ def test_layer_applied_twice_in_a_region_is_refused() -> None:
 def test_unknown_stages_are_a_config_error() -> None:
     model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3))
     with pytest.raises(ValueError, match="trainer.activation_checkpointing"):
-        enable_activation_checkpointing(model, "torchvision")
+        enable_activation_checkpointing(model, model_family("torchvision"))

@@ -3,7 +3,7 @@
 The loader comes from src.data.build_eval_loader (EvalBatchSampler: fixed blocks of dataset indices as
 batches, whole blocks per rank, no padding) and yields Batches of (images, targets, indices) (src/data/batch.py).
 Ranks may therefore run different numbers of batches, so the per-batch loop never communicates: the task's
-evaluator (src/tasks/) accumulates each batch, and all collectives happen once, in its compute(), in the same
+evaluation forward (Task.eval_forward) runs each batch, its evaluator (src/tasks/) accumulates the outputs, and all collectives happen once, in its compute(), in the same
 order on every rank. How each task keeps its results exact is in its package (src/tasks/<task>/).
 
 Bitwise the same at any world size: each image is computed in the same batch (the sampler) with the same
@@ -63,7 +63,7 @@ def evaluate(
         for batch in loader:
             batch = as_batch(batch).to(device, dtype)
             with autocast(amp, device):
-                outputs = net(batch.images)
+                outputs = task.eval_forward(net, batch.images)
             evaluator.process(outputs, batch.targets, batch.indices)
         return evaluator.compute()
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from src import comm
 from src.data.samplers import check_each_index_once
-from src.data.transforms import varying_sizes
 from src.dataclass_config import section
+from src.models.registry import IMAGE_LOGITS
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.classification.exports import export_classification
@@ -26,7 +26,7 @@ from src.tasks.classification.metrics import topk_correct
 from src.tasks.classification.mix import build_mix
 from src.tasks.classification.options import ClassificationData, ClassificationPredict, ClassificationTraining
 from src.tasks.classification.predictions import PREDICTIONS_CSV, write_predictions_csv
-from src.tasks.classification.transforms import CLASSIFICATION_DATA
+from src.tasks.classification.transforms import CLASSIFICATION_DATA, check_image_data
 from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.registry import register_task
 
@@ -92,23 +92,16 @@ class Classification(Task):
     """Image -> class; MixUp / CutMix apply; TensorBoard shows the first training batch."""
 
     name = "classification"
+    model_output = IMAGE_LOGITS  # the models it uses: those whose family produces this
     metrics = {"top1": MAX, "top5": MAX, "loss": MIN}
     data = CLASSIFICATION_DATA
     config_options = {"trainer": ClassificationTraining, "data": ClassificationData}
     predict_options = ClassificationPredict
 
     def validate(self, config: Any) -> None:
-        """Its options; images of varying sizes are evaluated resized, then cropped: data.resize_size >=
-        data.image_size; the automatic augmentation and erasing are training augmentation."""
+        """Its options, and the data keys its transforms read together (check_image_data)."""
         super().validate(config)
-        data = config.data
-        if varying_sizes(data) and (not isinstance(data.resize_size, int) or data.resize_size < data.image_size):
-            raise ValueError(f"data.resize_size must be an integer >= {data.image_size}, got {data.resize_size!r}")
-        used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
-                if on]
-        if used and not data.augment:
-            raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
-                             f"set data.augment=true or remove data.{used[0]}")
+        check_image_data(config.data)
 
     def options(self, config: Any) -> ClassificationTraining:
         """trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha."""

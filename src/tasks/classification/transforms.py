@@ -44,6 +44,19 @@ def classification_train_transform(cfg: DataConfig, on_device: bool = False) -> 
     return PairTransform(v2.Compose(steps))
 
 
+def check_image_data(data: DataConfig) -> None:
+    """The data keys these transforms read together, refused before any process starts: images of varying sizes
+    are evaluated resized, then cropped (data.resize_size >= data.image_size); the automatic augmentation and
+    erasing are training augmentation (data.augment). Every task on these transforms calls it from its validate."""
+    if varying_sizes(data) and (not isinstance(data.resize_size, int) or data.resize_size < data.image_size):
+        raise ValueError(f"data.resize_size must be an integer >= {data.image_size}, got {data.resize_size!r}")
+    used = [k for k, on in (("auto_augment", data.auto_augment != "none"), ("random_erase", data.random_erase > 0))
+            if on]
+    if used and not data.augment:
+        raise ValueError(f"data.{used[0]} is training augmentation, which data.augment=false turns off: "
+                         f"set data.augment=true or remove data.{used[0]}")
+
+
 def auto_augment(policy: str) -> list[Any]:
     """data.auto_augment as v2 transforms on the uint8 image (the policies' magnitudes assume 0..255 pixels).
 

@@ -24,6 +24,7 @@ from torchvision.io import write_png
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
+from src.models.registry import DETECTIONS
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
@@ -145,6 +146,7 @@ class Detection(Task):
     """Images -> boxes with classes; the model computes its own losses from the targets."""
 
     name = "detection"
+    model_output = DETECTIONS  # the models it uses: those whose family produces this
     metrics = {"map": MAX, "map50": MAX, "map75": MAX}
     data = DETECTION_DATA
     predict_options = DetectionPredict

@@ -25,6 +25,7 @@ from torchvision.io import write_png
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
+from src.models.registry import INSTANCES
 from src.precision import upcast
 from src.tasks.base import MAX, EvalContext, Loss, Task
 from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth
@@ -111,6 +112,7 @@ class InstanceSegmentation(Task):
     """Images -> instances (mask, box, class); the model computes its own losses from the targets."""
 
     name = "instance_segmentation"
+    model_output = INSTANCES  # the models it uses: those whose family produces this
     metrics = {"mask_map": MAX, "mask_map50": MAX, "box_map": MAX}
     data = INSTANCE_SEGMENTATION_DATA
     predict_options = InstanceSegmentationPredict

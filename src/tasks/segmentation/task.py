@@ -19,6 +19,7 @@ from src import comm
 from src.data.samplers import check_each_index_once
 from src.data.segmentation.masks import IGNORE_INDEX
 from src.data.segmentation.palette import save_mask_png
+from src.models.registry import PIXEL_LOGITS
 from src.precision import upcast
 from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
 from src.tasks.evaluation import check_each_sample_once, custom_loss
@@ -108,6 +109,7 @@ class Segmentation(Task):
     """Image -> mask; TensorBoard shows image | truth | prediction panels after each evaluation."""
 
     name = "segmentation"
+    model_output = PIXEL_LOGITS  # the models it uses: those whose family produces this
     metrics = {"miou": MAX, "pixel_acc": MAX, "loss": MIN}
     per_class_prefix = "iou_"
     data = SEGMENTATION_DATA

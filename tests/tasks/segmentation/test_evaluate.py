@@ -50,4 +50,4 @@ def test_segmentation_recipes_compose_and_validate(experiment: str) -> None:
 
     with initialize_config_dir(str(REPO / "conf"), version_base=None):
         cfg = validate_config(compose("train", overrides=[f"experiment={experiment}"]))
-    assert cfg.task.name == "segmentation" and cfg.sched.name == "poly" and cfg.norm.name == "syncbn"
+    assert cfg.task == "segmentation" and cfg.sched.name == "poly" and cfg.norm.name == "syncbn"
