@@ -8,10 +8,11 @@ file its failure summary prints); its traceback also goes to the log files. HYDR
 UserError's traceback too (the exit code stays 2).
 
 Under torchrun every process usually meets the same mistake (the same command line, config and files), and W
-copies of one message bury it. Rank 0 prints; another rank prints only a message rank 0 did not: it posts its
-message in torchrun's store and waits up to RANK0_WAIT_S for rank 0's there (when rank 0 failed too, torchrun
-usually stops this rank before that). A mistake that only one rank sees (its node's data folder, GPUs, files) is
-therefore printed by that rank, prefixed with its number. Ctrl-C that reaches it (outside training, which stops
+copies of one message bury it. The first rank to report a message prints it, the others stay silent: each counts
+its message in torchrun's store, which outlives the workers. Nobody waits for anybody: a mistake that only one
+rank sees (its node's data folder, GPUs, one corrupt file in its shard) is printed at once by that rank, prefixed
+with its number, before its exit makes the other ranks fail in their collectives and torchrun stop them all.
+Without torchrun's store (one process, or another launcher) rank 0 prints and every other rank prints its own. Ctrl-C that reaches it (outside training, which stops
 at a step and saves: src/engine/preemption.py) ends the command with one line and INTERRUPTED_EXIT_CODE.
 
 This module imports neither torch nor the project's configs at import time, so that a mistake on the command
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import logging
 import os
 import signal
@@ -34,9 +36,6 @@ from src.logger import write_to_log_files
 F = TypeVar("F", bound=Callable[..., Any])
 
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks; "1" shows a UserError's too
-# How long a rank other than 0 waits for rank 0's message before printing its own. Both ranks reach the same
-# check within moments of each other; when only this rank failed, rank 0 is waiting for it in the rendezvous.
-RANK0_WAIT_S = 10.0
 # 128 + SIGINT, what a shell reports for a program that Ctrl-C ended (training uses it too, after saving last.pt).
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 _STORE_CONNECT_S = 5.0
@@ -75,20 +74,17 @@ def reported(main: F) -> F:
 def exit_on_user_error(err: UserError, *, same_on_every_rank: bool = False) -> NoReturn:
     """Print `err` once (see the module docstring), write it to the log files, exit with USER_ERROR_EXIT_CODE.
 
-    same_on_every_rank: the mistake was found from what every rank has alike (the command line), so a rank other
-    than 0 says nothing and needs no word from rank 0.
+    same_on_every_rank: the mistake was found from what every rank has alike (the command line), so rank 0
+    prints it and the others say nothing, without asking torchrun's store.
     """
     full = os.environ.get(FULL_ERROR_ENV) == "1"
     message = _without_worker_traceback(str(err))
     text = "".join(traceback.format_exception(err)).rstrip() if full else f"error: {message}"
     write_to_log_files(message, logging.ERROR, (type(err), err, err.__traceback__) if full else None)
     rank = _rank()
-    if rank == 0:
-        print(text, file=sys.stderr, flush=True)
-        if not same_on_every_rank:
-            _tell_other_ranks(message)
-    elif not same_on_every_rank and not _rank0_said(message, rank):
-        print(text if full else f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
+    prints = rank == 0 if same_on_every_rank else _first_to_report(message)
+    if prints:
+        print(text if full or rank == 0 else f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
     raise SystemExit(USER_ERROR_EXIT_CODE)
 
 
@@ -111,11 +107,11 @@ def _rank() -> int:
         return 0
 
 
-def _store_key(rank: int) -> str:
-    """This launch's key for `rank`'s message: torchrun keeps one store for every restart of its workers."""
+def _message_key(message: str) -> str:
+    """This launch's key for `message`: torchrun keeps one store for every restart of its workers."""
     run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{_KEY_PREFIX}/{run}/{attempt}/{rank}"
+    return f"{_KEY_PREFIX}/{run}/{attempt}/{hashlib.sha256(message.encode()).hexdigest()}"
 
 
 def _agent_store() -> Optional[Any]:
@@ -132,25 +128,12 @@ def _agent_store() -> Optional[Any]:
         return None
 
 
-def _tell_other_ranks(message: str) -> None:
-    """Rank 0: post `message` where the other ranks look for it (nothing without torchrun's store)."""
+def _first_to_report(message: str) -> bool:
+    """Whether no other rank of this launch reported `message` before (True without torchrun's store)."""
     store = _agent_store()
     if store is None:
-        return
+        return True
     try:
-        store.set(_store_key(0), message)
-    except Exception:  # noqa: BLE001 - the other ranks then print their own copy
-        pass
-
-
-def _rank0_said(message: str, rank: int) -> bool:
-    """Whether rank 0 reported the same message within RANK0_WAIT_S (False without torchrun's store)."""
-    store = _agent_store()
-    if store is None:
-        return False
-    try:
-        store.set(_store_key(rank), message)
-        store.wait([_store_key(0)], datetime.timedelta(seconds=RANK0_WAIT_S))
-        return store.get(_store_key(0)).decode() == message
-    except Exception:  # noqa: BLE001 - rank 0 said nothing in time (or the store went away): print ours
-        return False
+        return store.add(_message_key(message), 1) == 1  # atomic in the store: exactly one rank counts 1
+    except Exception:  # noqa: BLE001 - the store went away: print ours
+        return True

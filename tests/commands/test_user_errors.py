@@ -125,20 +125,24 @@ def _exit_code(err: UserError, **kwargs: bool) -> object:
     return stop.value.code
 
 
-def test_another_rank_prints_only_what_rank_zero_did_not(agent_store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_first_rank_to_report_a_message_prints_it(agent_store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("RANK", "0")
     assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
     assert capsys.readouterr().err == "error: data.root=/x: not found\n"
     monkeypatch.setenv("RANK", "1")
     assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE  # rank 0 said it: silent
-    assert _exit_code(UserError("a mistake only rank 1 sees")) == USER_ERROR_EXIT_CODE  # rank 0 said another
+    assert _exit_code(UserError("a mistake only rank 1 sees")) == USER_ERROR_EXIT_CODE  # nobody said it yet
     assert _exit_code(UserError("the command line's mistake"), same_on_every_rank=True) == USER_ERROR_EXIT_CODE
     assert capsys.readouterr().err == "error (rank 1): a mistake only rank 1 sees\n"
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another launch")  # nothing from its rank 0: printed after the wait
-    monkeypatch.setattr(user_errors, "RANK0_WAIT_S", 0.2)
+    # Another launch (or torchrun's restart of this one): rank 1 first, nobody waits for rank 0, which then is silent.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
     assert capsys.readouterr().err == "error (rank 1): data.root=/x: not found\n"
+    monkeypatch.setenv("RANK", "0")
+    assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
+    assert _exit_code(UserError("the command line's mistake"), same_on_every_rank=True) == USER_ERROR_EXIT_CODE
+    assert capsys.readouterr().err == "error: the command line's mistake\n"
 
 
 def test_reported_mistakes_reach_the_log_and_program_errors_keep_their_traceback(

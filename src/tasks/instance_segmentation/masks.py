@@ -11,7 +11,6 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from pycocotools import mask as coco_mask
 
 from src.data.coco_annotations import COCO_TRUTH_KEY, CocoImageTruth
 from src.tasks.coco_evaluation import image_truth
@@ -23,6 +22,9 @@ Rle = dict[str, Any]  # {"size": [h, w], "counts": str}
 
 def encode(masks: torch.Tensor) -> list[Rle]:
     """Binary masks [N, H, W] (bool or 0/1) -> N compressed RLEs with str counts (JSON-ready)."""
+    # Imported here: every command's config imports each task, and the GPU node's bundle carries no pycocotools.
+    from pycocotools import mask as coco_mask
+
     binary = np.asfortranarray(masks.detach().cpu().to(torch.uint8).numpy().transpose(1, 2, 0))
     rles = coco_mask.encode(binary) if len(masks) else []
     return [{"size": [int(s) for s in r["size"]], "counts": r["counts"].decode("ascii")} for r in rles]
@@ -30,6 +32,8 @@ def encode(masks: torch.Tensor) -> list[Rle]:
 
 def decode(rles: list[Rle], height: int, width: int) -> torch.Tensor:
     """Compressed RLEs -> bool masks [N, height, width]."""
+    from pycocotools import mask as coco_mask
+
     if not rles:
         return torch.zeros(0, height, width, dtype=torch.bool)
     return torch.from_numpy(coco_mask.decode([{**r, "counts": r["counts"].encode("ascii")} for r in rles])
