@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
   double* m2 = m2_d.data_ptr<double>();
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0;
-    for (int64_t r = 0; r < W; ++r) s += p[r * cols] * p[r * cols + 1 + c];
+    for (int64_t r = 0; r < W; ++r) s += detail::rounded_product(p[r * cols], p[r * cols + 1 + c]);
     const double mc = s / n;
     double q = 0.0;
     for (int64_t r = 0; r < W; ++r) {
