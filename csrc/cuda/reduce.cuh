@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime.cuh"
 
@@ -134,6 +135,11 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 // error would grow with the number of terms; each chunk's squares are summed exactly instead (shifted_chunk)
 // and then added in float64. float64 work is one add per chunk and channel, so GPUs with slow float64 pay
 // almost nothing for it.
+//
+// Range. The float32 sums hold only where nothing overflowed and no square was subnormal (exact(), checked once at
+// the end, so the loop carries no test); a thread whose sums do not (extreme magnitudes only, |x - k| beyond ~2^60
+// or below ~2^-40) folds its values again into WideSums, in float64 throughout, where the square of any
+// difference of float32 values fits. So the statistics of any finite input are finite.
 template <typename acc_t, int V>
 struct ShiftedSums {
   acc_t n;
@@ -151,8 +157,31 @@ struct ShiftedSums {
     }
   }
 
+  // Whether the float32 sums are exact enough: s1 and s2 are finite (a square, a sum or an x - k that overflowed
+  // leaves inf or NaN in them) and s2 is at least 2^-80, or the channel is constant here (s2 == s1 == 0 with k = 0 or
+  // |k| >= 2^-50: floats within 2^-75 of such a k, where squares would underflow, are k itself). Below 2^-80
+  // squares' rounding errors can be subnormal and inexact, at most 2^-149 per value, so for s2 >= 2^-80 they stay
+  // below n 2^-69 of s2. The one case taken for constant that is not: values within 2^-75 of k = 0, not all 0,
+  // summing to exactly 0 (M2 off by less than n 2^-149: a variance below float32's smallest subnormal). float64
+  // input needs no check: its squares overflow only past |x - k| ~ 1e154, as float64 BatchNorm's do.
+  __device__ __forceinline__ bool exact() const {
+    if constexpr (std::is_same_v<acc_t, double>) {
+      return true;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const bool finite = s2[v] <= 0x1.fffffffffffffp1023 && s1[v] <= 0x1.fffffep127f && s1[v] >= -0x1.fffffep127f;
+        const bool constant = s2[v] == 0.0 && s1[v] == acc_t(0) && (k[v] == acc_t(0) || fabsf(k[v]) >= 0x1p-50f);
+        ok = ok && finite && (s2[v] >= 0x1p-80 || constant);
+      }
+      return ok;
+    }
+  }
+
   // The same statistics as (count, mean, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
-  // most log2(1 + n (mean - k)^2 / M2) <= log2(n) of float64's 53 bits (k is one of the values).
+  // most log2(1 + n (mean - k)^2 / M2) <= log2(n) of float64's 53 bits (k is one of the values). A NaN M2 (NaN
+  // input) stays NaN.
   __device__ __forceinline__ Welford<double, V> moments() const {
     Welford<double, V> w;
     w.n = double(n);
@@ -161,7 +190,55 @@ struct ShiftedSums {
       const double q = n > acc_t(0) ? double(s1[v]) / double(n) : 0.0;
       w.mean[v] = n > acc_t(0) ? double(k[v]) + q : 0.0;
       const double m2 = s2[v] - double(s1[v]) * q;
-      w.m2[v] = m2 > 0.0 ? m2 : 0.0;
+      w.m2[v] = m2 < 0.0 ? 0.0 : m2;
+    }
+    return w;
+  }
+};
+
+// The same sums in float64 throughout, for a thread whose values ShiftedSums could not take exactly: the statistics
+// kernels walk its values a second time into these, one row of V channels at a time (stats.cu).
+template <int V>
+struct WideSums {
+  double n;
+  double k[V];
+  double s1[V];
+  double s2[V];
+
+  __device__ __forceinline__ void reset() {
+    n = 0.0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      k[v] = 0.0;
+      s1[v] = 0.0;
+      s2[v] = 0.0;
+    }
+  }
+
+  // Folds one row of V channels into the sums.
+  __device__ __forceinline__ void fold(const double (&x)[V]) {
+    if (n == 0.0) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) k[v] = x[v];
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double d = x[v] - k[v];
+      s1[v] += d;
+      s2[v] += d * d;
+    }
+    n += 1.0;
+  }
+
+  __device__ __forceinline__ Welford<double, V> moments() const {
+    Welford<double, V> w;
+    w.n = n;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double q = n > 0.0 ? s1[v] / n : 0.0;
+      w.mean[v] = n > 0.0 ? k[v] + q : 0.0;
+      const double m2 = s2[v] - s1[v] * q;
+      w.m2[v] = m2 < 0.0 ? 0.0 : m2;
     }
     return w;
   }

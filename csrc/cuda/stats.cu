@@ -3,7 +3,8 @@
 // of a chunk summed exactly, then in float64), the block merges its threads' statistics in float64 (warp
 // shuffles, then shared memory), and when a channel is split across several blocks a second tiny kernel merges
 // the per-block partials in float64. As precise as PyTorch's float64-accumulated CPU var_mean, for any
-// |mean| / std the input's dtype can hold.
+// |mean| / std the input's dtype can hold, and finite up to float max: a thread whose float32 sums overflowed or
+// lost squares to underflow (extreme magnitudes only) walks its values again in float64 (wide_channels_*).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -29,6 +30,48 @@ __device__ __forceinline__ void store_stats(SYNCBN_PTR(double) out, SYNCBN_PTR(d
     partial[(C + c) * splits + g] = mean;
     partial[(2 * C + c) * splits + g] = m2;
   }
+}
+
+// The values of channel c that thread's PlaneRange r covers (the walk of stats_channels_first_kernel, one value at a
+// time), folded in float64 throughout: the rare path of a thread whose float32 sums could not take them exactly
+// (ShiftedSums::exact, reduce.cuh). A plain loop, not unrolled: it must not need more registers than the
+// kernel's main loop.
+template <typename T, int VEC>
+__device__ __forceinline__ Welford<double, 1> wide_channels_first(SYNCBN_PTR(const T) x, int64_t N, int64_t C,
+                                                                  int64_t S, int64_t c, PlaneRange r, int bx) {
+  WideSums<1> w;
+  w.reset();
+#pragma unroll 1
+  for (int64_t n = r.n0; n < N; n += r.n_step) {
+    const auto plane = x + (n * C + c) * S;
+#pragma unroll 1
+    for (int64_t s = r.s0; s < r.s1; s += bx) {
+      const Vec<T, VEC> v = load_vec<T, VEC>(plane + s * VEC);
+      for (int i = 0; i < VEC; ++i) {
+        const double value[1] = {double(at::opmath_type<T>(v.val[i]))};
+        w.fold(value);
+      }
+    }
+  }
+  return w.moments();
+}
+
+// The rows of channels c0..c0+VEC-1 that thread's walk of stats_channels_last_kernel covers, folded in float64
+// throughout (see wide_channels_first).
+template <typename T, int VEC>
+__device__ __forceinline__ Welford<double, VEC> wide_channels_last(SYNCBN_PTR(const T) x, int64_t M, int64_t C,
+                                                                   int64_t c0, int64_t m0, int64_t stride) {
+  WideSums<VEC> w;
+  w.reset();
+#pragma unroll 1
+  for (int64_t m = m0; m < M; m += stride) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(x + m * C + c0);
+    double values[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) values[i] = double(at::opmath_type<T>(v.val[i]));
+    w.fold(values);
+  }
+  return w.moments();
 }
 
 template <typename T, int VEC>
@@ -69,7 +112,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  const Welford<double, 1> m = block_reduce(st.moments(), 1);
+  const Welford<double, 1> m =
+      block_reduce(st.exact() ? st.moments() : wide_channels_first<T, VEC>(x, N, C, S, c, r, bx), 1);
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     store_stats(out, partial, C, splits, c, blockIdx.y, m.n, m.mean[0], m.m2[0]);
     if (splits == 1 && c == 0) out[0] = count;
@@ -113,7 +157,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   // Inactive threads (channels past C) still join the reduction: it has a barrier.
-  const Welford<double, VEC> m = block_reduce(st.moments(), blockDim.x);
+  const Welford<double, VEC> m = block_reduce(
+      st.exact() ? st.moments()
+                 : wide_channels_last<T, VEC>(x, M, C, c0, int64_t(blockIdx.y) * blockDim.y + threadIdx.y, stride),
+      blockDim.x);
   if (threadIdx.y == 0 && active) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) store_stats(out, partial, C, splits, c0 + i, blockIdx.y, m.n, m.mean[i], m.m2[i]);
