@@ -140,6 +140,27 @@ void reduce_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
     }
 }
 
+// reduce_rows with G rows at a time (layout.h's row_group: full vector steps), then the M % G rows left.
+template <typename scalar_t>
+void reduce_grouped_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
+                         const std::vector<acc_type<scalar_t>>& mu, std::vector<DySums>& out) {
+  const int64_t G = row_group(C, VecIO<scalar_t>::kStep), grouped = M / G * G;
+  if (G == 1) {
+    reduce_rows(x, dy, M, C, mu, out);
+    return;
+  }
+  if (grouped > 0) {
+    std::vector<DySums> wide(G * C);
+    reduce_rows(x, dy, M / G, G * C, repeat_channels(mu, G), wide);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < C; ++c) {
+        out[c].dy += wide[g * C + c].dy;
+        out[c].dy_xmu += wide[g * C + c].dy_xmu;
+      }
+  }
+  if (grouped < M) reduce_rows(x + grouped * C, dy + grouped * C, M - grouped, C, mu, out);
+}
+
 }  // namespace
 
 at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tensor& input,
@@ -164,7 +185,7 @@ at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tens
       if (lay.layout == Layout::kPlanes)
         reduce_planes(x, dy, lay, mu, sums);
       else
-        reduce_rows(x, dy, lay.rows(), C, mu, sums);
+        reduce_grouped_rows(x, dy, lay.rows(), C, mu, sums);
       acc_t* o = out.data_ptr<acc_t>();
       for (int64_t c = 0; c < C; ++c) {
         o[c] = static_cast<acc_t>(sums[c].dy);

@@ -11,6 +11,32 @@ namespace syncbn::cpu {
 namespace {
 using namespace detail;
 
+// y = (x - mu) * sc + sh over `rows` rows of C channels (per-channel values in acc_t).
+template <typename scalar_t>
+void elemt_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t C, const acc_type<scalar_t>* mu,
+                const acc_type<scalar_t>* sc, const acc_type<scalar_t>* sh) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  const int64_t vec_c = C - C % IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = x + r * C;
+      scalar_t* yr = y + r * C;
+      AVec a, b;
+      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+        IO::load(xr + c, a, b);
+        a = at::vec::fmadd(a - AVec::loadu(mu + c), AVec::loadu(sc + c), AVec::loadu(sh + c));
+        b = at::vec::fmadd(b - AVec::loadu(mu + c + W), AVec::loadu(sc + c + W), AVec::loadu(sh + c + W));
+        IO::store(yr + c, a, b);
+      }
+      for (int64_t c = vec_c; c < C; ++c)
+        yr[c] = static_cast<scalar_t>((static_cast<acc_t>(xr[c]) - mu[c]) * sc[c] + sh[c]);
+    }
+  });
+}
+
 template <typename scalar_t>
 void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout& lay,
                   const std::vector<double>& mean, const std::vector<double>& scale,
@@ -18,7 +44,6 @@ void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
-  constexpr int64_t W = IO::kWidth;
   const int64_t C = lay.c;
   std::vector<acc_t> mu(mean.begin(), mean.end()), sc(scale.begin(), scale.end()),
       sh(shift.begin(), shift.end());
@@ -44,23 +69,15 @@ void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout
     });
     return;
   }
-  const int64_t vec_c = C - C % IO::kStep;
-  for_each_row_range(lay, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xr = x + r * C;
-      scalar_t* yr = y + r * C;
-      AVec a, b;
-      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-        IO::load(xr + c, a, b);
-        a = at::vec::fmadd(a - AVec::loadu(&mu[c]), AVec::loadu(&sc[c]), AVec::loadu(&sh[c]));
-        b = at::vec::fmadd(b - AVec::loadu(&mu[c + W]), AVec::loadu(&sc[c + W]),
-                           AVec::loadu(&sh[c + W]));
-        IO::store(yr + c, a, b);
-      }
-      for (int64_t c = vec_c; c < C; ++c)
-        yr[c] = static_cast<scalar_t>((static_cast<acc_t>(xr[c]) - mu[c]) * sc[c] + sh[c]);
-    }
-  });
+  // Rows grouped G at a time (layout.h's row_group: full vector steps), then the M % G rows left.
+  const int64_t M = lay.rows(), G = row_group(C, IO::kStep), grouped = M / G * G;
+  if (G == 1) {
+    elemt_rows(x, y, M, C, mu.data(), sc.data(), sh.data());
+    return;
+  }
+  const std::vector<acc_t> gmu = repeat_channels(mu, G), gsc = repeat_channels(sc, G), gsh = repeat_channels(sh, G);
+  if (grouped > 0) elemt_rows(x, y, M / G, G * C, gmu.data(), gsc.data(), gsh.data());
+  if (grouped < M) elemt_rows(x + grouped * C, y + grouped * C, M - grouped, C, mu.data(), sc.data(), sh.data());
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 
+#include <numeric>
+
 #include "../checks.h"
 
 namespace syncbn::cpu::detail {
@@ -48,6 +50,12 @@ at::Tensor empty_like_input(const at::Tensor& input, const InputLayout& lay) {
 int64_t num_chunks(int64_t units, int64_t min_units_per_chunk) {
   const int64_t by_size = std::max<int64_t>(1, units / std::max<int64_t>(1, min_units_per_chunk));
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), by_size));
+}
+
+int64_t row_group(int64_t C, int64_t step) {
+  if (C <= 0) return 1;
+  const int64_t group = step / std::gcd(C, step);
+  return group * C <= kMaxGroupedChannels ? group : 1;
 }
 
 }  // namespace syncbn::cpu::detail

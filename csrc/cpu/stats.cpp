@@ -214,6 +214,25 @@ void stats_rows(const scalar_t* x, int64_t M, int64_t C, const acc_type<scalar_t
     for (int64_t c = 0; c < C; ++c) out[c].merge(part[q].n, part[q].mean[c], part[q].m2[c]);
 }
 
+// stats_rows with G rows at a time (layout.h's row_group: full vector steps), then the M % G rows left. The G copies
+// of a channel share its shift, so their moments merge as they are.
+template <typename scalar_t>
+void stats_grouped_rows(const scalar_t* x, int64_t M, int64_t C, const std::vector<acc_type<scalar_t>>& k,
+                        std::vector<Moments>& out) {
+  const int64_t G = row_group(C, VecIO<scalar_t>::kStep), grouped = M / G * G;
+  if (G == 1) {
+    stats_rows(x, M, C, k.data(), out);
+    return;
+  }
+  if (grouped > 0) {
+    std::vector<Moments> wide(G * C);
+    stats_rows(x, M / G, G * C, repeat_channels(k, G).data(), wide);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < C; ++c) out[c].merge(wide[g * C + c]);
+  }
+  if (grouped < M) stats_rows(x + grouped * C, M - grouped, C, k.data(), out);
+}
+
 }  // namespace
 
 at::Tensor batch_norm_stats(const at::Tensor& input) {
@@ -235,7 +254,7 @@ at::Tensor batch_norm_stats(const at::Tensor& input) {
       if (lay.layout == Layout::kPlanes)
         stats_planes(x, lay, k.data(), moments);
       else
-        stats_rows(x, lay.rows(), C, k.data(), moments);
+        stats_grouped_rows(x, lay.rows(), C, k, moments);
     });
   }
   at::Tensor out = at::zeros({2 * C + 1}, input.options().dtype(at::kDouble));
