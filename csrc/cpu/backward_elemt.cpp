@@ -112,7 +112,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
   const bool has_w = weight.has_value() && weight->defined();
   if (has_w) check_vector(*weight, C, op, "weight", "one per channel");
   checks::count(count, input.device(), op);
-  const double n = count.to(at::kDouble).item<double>();
+  const double n = to_double(count);
   if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, at::MemoryFormat::Preserve);
 
   at::Tensor grad_in = empty_like_input(input, lay);

@@ -33,8 +33,11 @@ void check_like_input(const at::Tensor& t, const at::Tensor& input, const InputL
 void check_vector(const at::Tensor& t, int64_t numel, const char* op, const char* name,
                   const char* what);
 
-// Per-channel values widened to double (C is small; reading them via .to() costs nothing).
+// Per-channel values (a 1-D floating tensor on the CPU) widened to double.
 std::vector<double> to_double_vector(const at::Tensor& t);
+
+// The value of a one-element CPU tensor, as a double.
+double to_double(const at::Tensor& t);
 
 // Output with input's sizes, dtype and memory format (channels_last stays channels_last).
 at::Tensor empty_like_input(const at::Tensor& input, const InputLayout& lay);
