@@ -128,9 +128,10 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 #endif
 
 // A thread's running statistics of V channels that have seen the same number n of values, kept around a
-// per-channel shift k (the first value of the channel the thread read; every later x - k is then exact for
-// |mean| >> std, where rounding the running mean itself to acc_t would lose the spread): s1 = sum(x - k) in
-// acc_t, s2 = sum((x - k)^2) in float64. float32 sums of squares lose the low bits of every square, and for
+// per-channel shift k (the channel's first value, the same in every thread and block: every x - k is then exact
+// for |mean| >> std, where rounding the running mean itself to acc_t would lose the spread, and the merges of
+// threads and blocks add means relative to k, numbers of the order of the std rather than of the mean, which at
+// |mean| / std = 1e8 lost 1e-8 of a float64 variance): s1 = sum(x - k) in acc_t, s2 = sum((x - k)^2) in float64. float32 sums of squares lose the low bits of every square, and for
 // data on float32's grid near a large mean those bits are biased (squares of integers are 0 or 1 mod 4), so the
 // error would grow with the number of terms; each chunk's squares are summed exactly instead (shifted_chunk)
 // and then added in float64. float64 work is one add per chunk and channel, so GPUs with slow float64 pay
@@ -147,11 +148,11 @@ struct ShiftedSums {
   acc_t s1[V];
   double s2[V];
 
-  __device__ __forceinline__ void reset() {
+  __device__ __forceinline__ void reset(const acc_t (&shift)[V]) {
     n = acc_t(0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      k[v] = acc_t(0);
+      k[v] = shift[v];
       s1[v] = acc_t(0);
       s2[v] = 0.0;
     }
@@ -179,16 +180,16 @@ struct ShiftedSums {
     }
   }
 
-  // The same statistics as (count, mean, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
-  // most log2(1 + n (mean - k)^2 / M2) <= log2(n) of float64's 53 bits (k is one of the values). A NaN M2 (NaN
-  // input) stays NaN.
+  // The same statistics as (count, mean - k, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
+  // most log2(1 + n (mean - k)^2 / M2) of float64's 53 bits (k is one of the channel's values, so typically a few).
+  // A NaN M2 (NaN input) stays NaN.
   __device__ __forceinline__ Welford<double, V> moments() const {
     Welford<double, V> w;
     w.n = double(n);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const double q = n > acc_t(0) ? double(s1[v]) / double(n) : 0.0;
-      w.mean[v] = n > acc_t(0) ? double(k[v]) + q : 0.0;
+      w.mean[v] = q;
       const double m2 = s2[v] - double(s1[v]) * q;
       w.m2[v] = m2 < 0.0 ? 0.0 : m2;
     }
@@ -205,11 +206,12 @@ struct WideSums {
   double s1[V];
   double s2[V];
 
-  __device__ __forceinline__ void reset() {
+  template <typename acc_t>
+  __device__ __forceinline__ void reset(const acc_t (&shift)[V]) {
     n = 0.0;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      k[v] = 0.0;
+      k[v] = double(shift[v]);
       s1[v] = 0.0;
       s2[v] = 0.0;
     }
@@ -217,10 +219,6 @@ struct WideSums {
 
   // Folds one row of V channels into the sums.
   __device__ __forceinline__ void fold(const double (&x)[V]) {
-    if (n == 0.0) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) k[v] = x[v];
-    }
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const double d = x[v] - k[v];
@@ -230,13 +228,14 @@ struct WideSums {
     n += 1.0;
   }
 
+  // (count, mean - k, M2), as ShiftedSums::moments.
   __device__ __forceinline__ Welford<double, V> moments() const {
     Welford<double, V> w;
     w.n = n;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const double q = n > 0.0 ? s1[v] / n : 0.0;
-      w.mean[v] = n > 0.0 ? k[v] + q : 0.0;
+      w.mean[v] = q;
       const double m2 = s2[v] - s1[v] * q;
       w.m2[v] = m2 < 0.0 ? 0.0 : m2;
     }
@@ -249,10 +248,6 @@ struct WideSums {
 // the errors gathered in `err`; only the float64 total rounds.
 template <int K, typename acc_t, int V>
 __device__ __forceinline__ void shifted_chunk(ShiftedSums<acc_t, V>& s, const acc_t (&x)[K][V]) {
-  if (s.n == acc_t(0)) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) s.k[v] = x[0][v];
-  }
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     acc_t sum = acc_t(0), sq = acc_t(0), err = acc_t(0);
