@@ -5,6 +5,8 @@
   NaN; and a thread's float32 sums overflowed (|x - k| beyond ~1e19) or lost their squares to underflow (below
   ~1e-19), so statistics were NaN or wrong from there to float max. Now finite and within 1e-6 of float64 up to
   float max, constant channels exact (extreme_cases.py), as the CPU kernels (test_kernels.py).
+- float64 statistics merged threads' and blocks' running means of |mean| ~ 1e8 and lost 1e-9 of the variance there
+  (1e5x nn.BatchNorm's float64 error); now merged relative to each channel's first value.
 - The gather fused each n * mean into its sum (nvcc contracts to an fma), so at rank means of +-3e38 its mean
   differed from the two all_reduces' (the emulated build, compiled without contraction, could not show it).
 - block_reduce assumed exactly 256 threads (it merged 8 warp slots whatever the block held).
@@ -20,6 +22,7 @@ import torch
 
 from src.syncbn.extension import load_extension
 from tests.syncbn import extreme_cases as xc
+from tests.syncbn import precision_cases as pc
 from tests.syncbn.cuda_cases import BACKENDS, H100, ORIN, ORIN1, load_backend, one_intraop_thread
 
 
@@ -69,6 +72,19 @@ def test_statistics_finite_to_float_max(kb, case, dtype):
         what = f"{shape} {fmt} {dtype} at {magnitude:g}"
         xc.check_stats(kb.ops.batch_norm_stats(x), x, what)
         xc.check_forward_backward(kb.ops, x, what)
+
+
+@pytest.mark.parametrize("layout", ["nc_2048", "nchw", "channels_last"])
+def test_float64_statistics_as_precise_as_batchnorm(kb, layout):
+    """float64 at |mean| / std = 1e8, one SM (threads fold many chunks, blocks merge): the statistics' mean and unbiased
+    variance within 10x of nn.BatchNorm's float64 CPU error, against exact values (precision_cases.py)."""
+    kb.use(ORIN1)
+    x = pc.make_float64(layout, 1e8)
+    c = x.shape[1]
+    n = x.numel() // c
+    stats = kb.ops.batch_norm_stats(x.to(kb.device)).cpu()
+    for what, (ours, theirs) in pc.float64_errors(x, stats[1:1 + c], stats[1 + c:] / (n - 1)).items():
+        assert ours <= 10 * theirs, f"{layout} {what}: relative error {ours:.3g}, nn.BatchNorm's {theirs:.3g}"
 
 
 @pytest.mark.parametrize("rows", list(xc.FLOAT_MAX_ROWS))
