@@ -76,8 +76,25 @@ inline bool float_sums_hold(float centre, double sd, double sq) {
 }
 inline bool float_sums_hold(double /*centre*/, double /*sd*/, double /*sq*/) { return true; }
 
-// Pass 1 over `len` contiguous values of one channel: sum(x - k) (two accumulators hide the add latency; padded
-// tail lanes hold k, so they add exactly 0).
+// float_sums_hold for every one of n channels, written without branches (x - x == 0 is false exactly for inf and NaN)
+// so that the loop vectorises: the rows walk checks every channel of every tile.
+inline bool all_float_sums_hold(const float* centre, const float* sd, const double* sq, int64_t n) {
+  int bad = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    const double d = sd[c], q = sq[c];
+    const float k = centre[c];
+    const bool finite = (d - d == 0.0) & (q - q == 0.0);
+    const bool constant = (q == 0.0) & (d == 0.0) & ((k == 0.0f) | (std::abs(k) >= 0x1p-50f));
+    bad |= static_cast<int>(!(finite & ((q >= 0x1p-80) | constant)));
+  }
+  return bad == 0;
+}
+inline bool all_float_sums_hold(const double* /*centre*/, const double* /*sd*/, const double* /*sq*/, int64_t /*n*/) {
+  return true;
+}
+
+// Pass 1 over `len` contiguous values of one channel: sum(x - k) (two accumulators hide the add latency; the tail's
+// lanes past len are masked to exactly 0).
 template <typename scalar_t>
 inline acc_type<scalar_t> shifted_sum(const scalar_t* p, int64_t len, acc_type<scalar_t> k) {
   using IO = VecIO<scalar_t>;
@@ -92,9 +109,11 @@ inline acc_type<scalar_t> shifted_sum(const scalar_t* p, int64_t len, acc_type<s
     s1 += b - vk;
   }
   if (vec_end < len) {
-    IO::load_tail(p + vec_end, len - vec_end, k, a, b);
-    s0 += a - vk;
-    s1 += b - vk;
+    AVec ma, mb;
+    tail_masks<acc_t>(len - vec_end, ma, mb);
+    IO::load_tail(p + vec_end, len - vec_end, acc_t(0), a, b);
+    s0 += (a - vk) & ma;
+    s1 += (b - vk) & mb;
   }
   return hsum<acc_t>(s0 + s1);
 }
@@ -123,10 +142,12 @@ inline void centered_sums(const scalar_t* p, int64_t len, acc_type<scalar_t> cen
       q0 = at::vec::fmadd(a, a, q0);
       q1 = at::vec::fmadd(b, b, q1);
     }
-    if (i == vec_end && vec_end < len) {  // the tail joins the last run
-      IO::load_tail(p + vec_end, len - vec_end, centre, a, b);  // padded lanes give d = 0 exactly
-      a -= vm;
-      b -= vm;
+    if (i == vec_end && vec_end < len) {  // the tail joins the last run; lanes past len give d = 0 exactly
+      AVec ma, mb;
+      tail_masks<acc_t>(len - vec_end, ma, mb);
+      IO::load_tail(p + vec_end, len - vec_end, acc_t(0), a, b);
+      a = (a - vm) & ma;
+      b = (b - vm) & mb;
       d0 += a;
       d1 += b;
       q0 = at::vec::fmadd(a, a, q0);
@@ -140,19 +161,21 @@ inline void centered_sums(const scalar_t* p, int64_t len, acc_type<scalar_t> cen
   sq = hsum_double((s0 + s1) + (s2 + s3));
 }
 
-// A tile's mean relative to k and its M2 from pass 2's sums around `centre`.
+// A tile's mean relative to k and its M2 from pass 2's sums around `centre`, over len = 1 / inv_len values (a
+// reciprocal the caller computes once: two divisions per channel and tile were a visible share of the rows walk).
 template <typename acc_t>
-inline void tile_result(int64_t len, acc_t centre, acc_t k, double sd, double sq, double& mean, double& m2) {
-  const double dl = static_cast<double>(len);
+inline void tile_result(double inv_len, acc_t centre, acc_t k, double sd, double sq, double& mean, double& m2) {
   // centre - k is exact in float64 for float32 values, and for float64 ones close to each other (Sterbenz).
-  mean = (static_cast<double>(centre) - static_cast<double>(k)) + sd / dl;
-  m2 = non_negative(sq - sd * sd / dl);
+  const double mean_d = sd * inv_len;
+  mean = (static_cast<double>(centre) - static_cast<double>(k)) + mean_d;
+  m2 = non_negative(sq - sd * mean_d);
 }
 
 // The float64 passes for a tile the float32 ones cannot take (see the top of this file): `len` values of one
-// channel, `stride` apart. Rare (extreme magnitudes only), so plain scalar code.
+// channel, `stride` apart. Rare (extreme magnitudes only), so plain scalar code, and out of line: inlined, it made
+// the compiler stop inlining the hot passes around it.
 template <typename scalar_t>
-void wide_moments(const scalar_t* p, int64_t len, int64_t stride, double k, double& mean, double& m2) {
+__attribute__((noinline)) void wide_moments(const scalar_t* p, int64_t len, int64_t stride, double k, double& mean, double& m2) {
   const double dl = static_cast<double>(len);
   double s = 0.0;
   for (int64_t i = 0; i < len; ++i) s += static_cast<double>(p[i * stride]) - k;
@@ -176,7 +199,7 @@ inline void contiguous_moments(const scalar_t* p, int64_t len, acc_type<scalar_t
   double sd, sq;
   centered_sums(p, len, centre, sd, sq);
   if (float_sums_hold(centre, sd, sq))
-    tile_result(len, centre, k, sd, sq, mean, m2);
+    tile_result(1.0 / static_cast<double>(len), centre, k, sd, sq, mean, m2);
   else
     wide_moments(p, len, 1, static_cast<double>(k), mean, m2);
 }

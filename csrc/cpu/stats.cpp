@@ -53,12 +53,13 @@ void accumulate_plane_group(const scalar_t* p, int64_t S, int64_t G, const acc_t
   constexpr int64_t kMaxGroup = 256;
   acc_t centre[kMaxGroup];
   const acc_t inv_s = acc_t(1) / static_cast<acc_t>(S);
+  const double inv_s_d = 1.0 / static_cast<double>(S);
   for (int64_t g = 0; g < G; ++g) centre[g] = k[g] + shifted_sum(p + g * S, S, k[g]) * inv_s;
   for (int64_t g = 0; g < G; ++g) {
     double sd, sq, mean, m2;
     centered_sums(p + g * S, S, centre[g], sd, sq);
     if (float_sums_hold(centre[g], sd, sq))
-      tile_result(S, centre[g], k[g], sd, sq, mean, m2);
+      tile_result(inv_s_d, centre[g], k[g], sd, sq, mean, m2);
     else
       wide_moments(p + g * S, S, 1, static_cast<double>(k[g]), mean, m2);
     m[g].merge(S, mean, m2);
@@ -175,21 +176,33 @@ void accumulate_row_tile(const scalar_t* p, int64_t len, int64_t C, const acc_ty
     }
   }
   // Chan's merge with the tile; the weights are the same for every channel, so no division per channel.
+  const double inv_dl = 1.0 / static_cast<double>(len);
   const int64_t nt = m.n + len;
   const double wb = static_cast<double>(len) / static_cast<double>(nt);
   const double cross = static_cast<double>(m.n) * wb;
   double* mean = m.mean.data();
   double* m2 = m.m2.data();
-  for (int64_t c = 0; c < C; ++c) {
-    double tile_mean, tile_m2;
-    const double sd = static_cast<double>(d[c]);
-    if (float_sums_hold(s[c], sd, q[c]))
-      tile_result(len, s[c], k[c], sd, q[c], tile_mean, tile_m2);
-    else
-      wide_moments(p + c, len, C, static_cast<double>(k[c]), tile_mean, tile_m2);
+  auto merge = [&](int64_t c, double tile_mean, double tile_m2) {
     const double delta = tile_mean - mean[c];
     mean[c] += delta * wb;
     m2[c] += tile_m2 + delta * (delta * cross);
+  };
+  if (all_float_sums_hold(s, d, q, C)) {  // the common case: a loop without branches, which vectorises
+    for (int64_t c = 0; c < C; ++c) {
+      double tile_mean, tile_m2;
+      tile_result(inv_dl, s[c], k[c], static_cast<double>(d[c]), q[c], tile_mean, tile_m2);
+      merge(c, tile_mean, tile_m2);
+    }
+  } else {
+    for (int64_t c = 0; c < C; ++c) {
+      double tile_mean, tile_m2;
+      const double sd = static_cast<double>(d[c]);
+      if (float_sums_hold(s[c], sd, q[c]))
+        tile_result(inv_dl, s[c], k[c], sd, q[c], tile_mean, tile_m2);
+      else
+        wide_moments(p + c, len, C, static_cast<double>(k[c]), tile_mean, tile_m2);
+      merge(c, tile_mean, tile_m2);
+    }
   }
   m.n = nt;
 }

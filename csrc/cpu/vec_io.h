@@ -76,6 +76,33 @@ struct VecIO {
   }
 };
 
+// kLanes all-ones lanes, then kLanes zero lanes (as bits of the acc type): loading kLanes values from kLanes - count
+// gives `count` ones first.
+template <typename bits_t, int64_t kLanes>
+struct TailMaskTable {
+  bits_t v[2 * kLanes];
+  constexpr TailMaskTable() : v() {
+    for (int64_t i = 0; i < kLanes; ++i) v[i] = ~bits_t(0);
+  }
+};
+template <typename acc_t>
+using MaskBits = std::conditional_t<std::is_same_v<acc_t, double>, uint64_t, uint32_t>;
+template <typename acc_t>
+alignas(64) inline constexpr TailMaskTable<MaskBits<acc_t>, 2 * at::vec::Vectorized<acc_t>::size()> kTailMasks{};
+
+// Masks keeping lanes [0, count) of a kStep-lane step of acc_t values (a: first half, b: second) and zeroing the rest,
+// for `x & mask`: a tail loaded with pad 0 then contributes exactly nothing beyond its count, also after subtracting
+// a shift. (Padding through AVec::set costs a switch over count that the compiler need not inline, and then calls
+// libtorch's interposable copy through the PLT: a tenth of the statistics' time on 3x3 planes.)
+template <typename acc_t>
+inline void tail_masks(int64_t count, at::vec::Vectorized<acc_t>& a, at::vec::Vectorized<acc_t>& b) {
+  using AVec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t kStep = 2 * AVec::size();
+  const acc_t* base = reinterpret_cast<const acc_t*>(kTailMasks<acc_t>.v + (kStep - count));
+  a = AVec::loadu(base);
+  b = AVec::loadu(base + AVec::size());
+}
+
 // Horizontal sum of a float64 vector by shuffles: ATen's vec_reduce_all has SIMD code for float only, and its
 // generic loop costs hundreds of cycles per call, which dominates on 7x7 planes.
 inline double hsum_double(const at::vec::Vectorized<double>& v) {
