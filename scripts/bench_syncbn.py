@@ -7,10 +7,12 @@
 For every case, in the same run: our forward (stats -> merge -> elementwise, via the ops) and
 forward+backward (+ backward reduce -> backward elementwise), the same through the src.syncbn.SyncBatchNorm
 module of the input's dimension (autograd included), F.batch_norm forward and forward+backward (autograd), and
-nn.BatchNorm's module of the same dimension, timed round-robin: each repeat runs every contender once, so load from
-other processes hits them alike. Shapes of 4 dims run in each of --formats; any other (NxC, NxCxL, NxCxDxHxW) runs
-contiguous (format "nc" for (N, C): channels innermost). Times are medians over the repeats; ratios are medians
-of the per-repeat ratios (steadier than a ratio of medians when the machine's load changes during a run).
+nn.BatchNorm's module of the same dimension, timed round-robin: each repeat runs every contender once (in a new
+random order), so load from other processes hits them alike; with glibc, freed memory is kept for reuse, as in a
+long-running training process, so that no contender pays another's page faults. Shapes of 4 dims run in each of
+--formats; any other (NxC, NxCxL, NxCxDxHxW) runs contiguous (format "nc" for (N, C): channels innermost). Times are
+medians over the repeats; ratios are medians of the per-repeat ratios (steadier than a ratio of medians when the
+machine's load changes during a run).
 Effective bandwidth counts the minimum traffic: 3 passes of the tensor for the forward (stats read x; elemt reads
 x, writes y) and 8 for forward+backward (backward reduce reads x and dy; backward elemt reads x and dy, writes dx),
 against the copy bandwidth (`out.copy_(x)`, 2 passes) measured in the same run.
@@ -25,11 +27,13 @@ Numbers are medians; on a shared machine they are noisy. Never used as test asse
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import importlib.util
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -65,18 +69,36 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def timeit_interleaved(fns: dict, repeats: int, warmup: int, clock=time.perf_counter) -> dict[str, list[float]]:
-    """Each fn's times over `repeats` rounds, timed round-robin so that load from other processes on a
-    shared machine hits every contender alike (sequential blocks would bias the ratios)."""
+    """Each fn's times over `repeats` rounds, each round running every contender once, so that load from other
+    processes on a shared machine hits every contender alike (sequential blocks would bias the ratios). Each round
+    runs them in a new random order (seeded): in a fixed cycle each contender always follows the same one, and
+    what that one leaves in the caches, or frees for the next allocation, biased a contender by up to 20%."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    order = list(fns)
+    shuffle = random.Random(0).shuffle
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        for k, fn in fns.items():
+        shuffle(order)
+        for k in order:
             t0 = clock()
-            fn()
+            fns[k]()
             times[k].append(clock() - t0)
     return times
+
+
+def keep_freed_memory() -> None:
+    """glibc only: keep freed blocks for reuse (no munmap or trim), as a long-running training process's heap does
+    after its first steps. Otherwise a tensor of tens of MB may land on fresh pages or on reused ones from one call
+    to the next, and whichever contender gets fresh pages pays their page faults (up to 4 ms for 25 MB)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 def median_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
@@ -293,6 +315,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.clock == "cpu" and torch.get_num_threads() != 1:
         raise SystemExit("--clock cpu times the calling thread only: run it with --threads 1")
+    keep_freed_memory()
     ops = load_extension()
     base = load_library(args.base_library) if args.base_library else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
