@@ -13,8 +13,8 @@
 // that overflowed gives inf or NaN) and sq is at least 2^-80, or the tile is constant (sq == sd == 0 with a centre
 // of 0 or of magnitude >= 2^-50: floats within 2^-75 of such a centre, where squares would underflow, are the
 // centre itself). Below 2^-80 squares can be subnormal, each off by up to 2^-149, so for sq >= 2^-80 those losses,
-// at most len 2^-149 per tile, stay below 2^-56 of it. Every other tile (extreme magnitudes only: |x - K| beyond
-// ~2^60 or below ~2^-40) takes float64 passes over the same values (the tile is in cache, so memory is still read
+// at most len 2^-149 per tile, stay below 2^-56 of it. Every other tile (extreme data only: deviations beyond about
+// 3e18, where float32 squares overflow, or all below about 1e-13) takes float64 passes over the same values (the tile is in cache, so memory is still read
 // once): float64 holds the square of any difference of float32 values (< 2^258) and of any subnormal, so the
 // statistics of finite input stay finite and precise up to float max, and NaN or inf input still gives NaN. The
 // one tile taken for constant that is not: values within 2^-75 of 0, not all 0, summing to exactly 0 (its M2 is

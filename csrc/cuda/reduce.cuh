@@ -138,8 +138,8 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 // almost nothing for it.
 //
 // Range. The float32 sums hold only where nothing overflowed and no square was subnormal (exact(), checked once at
-// the end, so the loop carries no test); a thread whose sums do not (extreme magnitudes only, |x - k| beyond ~2^60
-// or below ~2^-40) folds its values again into WideSums, in float64 throughout, where the square of any
+// the end, so the loop carries no test); a thread whose sums do not (extreme data only: deviations beyond about 3e18,
+// where float32 squares overflow, or all below about 1e-13) folds its values again into WideSums, in float64 throughout, where the square of any
 // difference of float32 values fits. So the statistics of any finite input are finite.
 template <typename acc_t, int V>
 struct ShiftedSums {
