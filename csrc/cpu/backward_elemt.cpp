@@ -13,6 +13,36 @@ namespace syncbn::cpu {
 namespace {
 using namespace detail;
 
+// backward_elemt_rows for rows of exactly kSteps vector steps: the per-channel values stay in registers for every
+// row (short rows, such as the grouped rows of a few channels, spent most of their loads on them).
+template <int kSteps, typename scalar_t>
+void backward_elemt_short_rows(const scalar_t* x, const scalar_t* dy, scalar_t* dx, int64_t rows,
+                               const acc_type<scalar_t>* mu, const acc_type<scalar_t>* gv,
+                               const acc_type<scalar_t>* qv, const acc_type<scalar_t>* pv) {
+  using IO = VecIO<scalar_t>;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth, C = kSteps * IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    AVec m[2 * kSteps], g[2 * kSteps], q[2 * kSteps], o[2 * kSteps];
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      m[i] = AVec::loadu(mu + i * W);
+      g[i] = AVec::loadu(gv + i * W);
+      q[i] = AVec::loadu(qv + i * W);
+      o[i] = AVec::loadu(pv + i * W);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int i = 0; i < kSteps; ++i) {
+        const int64_t off = r * C + i * IO::kStep;
+        AVec a, b, da, db;
+        IO::load(x + off, a, b);
+        IO::load(dy + off, da, db);
+        IO::store(dx + off, at::vec::fmadd(da, g[2 * i], at::vec::fmadd(a - m[2 * i], q[2 * i], o[2 * i])),
+                  at::vec::fmadd(db, g[2 * i + 1], at::vec::fmadd(b - m[2 * i + 1], q[2 * i + 1], o[2 * i + 1])));
+      }
+    }
+  });
+}
+
 // dx = dy * gv + (x - mu) * qv + pv over `rows` rows of C channels (per-channel values in acc_t).
 template <typename scalar_t>
 void backward_elemt_rows(const scalar_t* x, const scalar_t* dy, scalar_t* dx, int64_t rows, int64_t C,
@@ -22,6 +52,13 @@ void backward_elemt_rows(const scalar_t* x, const scalar_t* dy, scalar_t* dx, in
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
   constexpr int64_t W = IO::kWidth;
+  switch (C % IO::kStep == 0 ? C / IO::kStep : 0) {
+    case 1: return backward_elemt_short_rows<1>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 2: return backward_elemt_short_rows<2>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 3: return backward_elemt_short_rows<3>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 4: return backward_elemt_short_rows<4>(x, dy, dx, rows, mu, gv, qv, pv);
+    default: break;
+  }
   const int64_t vec_c = C - C % IO::kStep;
   for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
