@@ -13,6 +13,76 @@ namespace syncbn::cpu {
 namespace {
 using namespace detail;
 
+// backward_elemt_rows for rows of exactly kSteps vector steps: the per-channel values stay in registers for every
+// row (short rows, such as the grouped rows of a few channels, spent most of their loads on them).
+template <int kSteps, typename scalar_t>
+void backward_elemt_short_rows(const scalar_t* x, const scalar_t* dy, scalar_t* dx, int64_t rows,
+                               const acc_type<scalar_t>* mu, const acc_type<scalar_t>* gv,
+                               const acc_type<scalar_t>* qv, const acc_type<scalar_t>* pv) {
+  using IO = VecIO<scalar_t>;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth, C = kSteps * IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    AVec m[2 * kSteps], g[2 * kSteps], q[2 * kSteps], o[2 * kSteps];
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      m[i] = AVec::loadu(mu + i * W);
+      g[i] = AVec::loadu(gv + i * W);
+      q[i] = AVec::loadu(qv + i * W);
+      o[i] = AVec::loadu(pv + i * W);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int i = 0; i < kSteps; ++i) {
+        const int64_t off = r * C + i * IO::kStep;
+        AVec a, b, da, db;
+        IO::load(x + off, a, b);
+        IO::load(dy + off, da, db);
+        IO::store(dx + off, at::vec::fmadd(da, g[2 * i], at::vec::fmadd(a - m[2 * i], q[2 * i], o[2 * i])),
+                  at::vec::fmadd(db, g[2 * i + 1], at::vec::fmadd(b - m[2 * i + 1], q[2 * i + 1], o[2 * i + 1])));
+      }
+    }
+  });
+}
+
+// dx = dy * gv + (x - mu) * qv + pv over `rows` rows of C channels (per-channel values in acc_t).
+template <typename scalar_t>
+void backward_elemt_rows(const scalar_t* x, const scalar_t* dy, scalar_t* dx, int64_t rows, int64_t C,
+                         const acc_type<scalar_t>* mu, const acc_type<scalar_t>* gv, const acc_type<scalar_t>* qv,
+                         const acc_type<scalar_t>* pv) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  switch (C % IO::kStep == 0 ? C / IO::kStep : 0) {
+    case 1: return backward_elemt_short_rows<1>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 2: return backward_elemt_short_rows<2>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 3: return backward_elemt_short_rows<3>(x, dy, dx, rows, mu, gv, qv, pv);
+    case 4: return backward_elemt_short_rows<4>(x, dy, dx, rows, mu, gv, qv, pv);
+    default: break;
+  }
+  const int64_t vec_c = C - C % IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = x + r * C;
+      const scalar_t* gr = dy + r * C;
+      scalar_t* dr = dx + r * C;
+      AVec a, b, g, h;
+      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+        IO::load(xr + c, a, b);
+        IO::load(gr + c, g, h);
+        a = at::vec::fmadd(g, AVec::loadu(gv + c), at::vec::fmadd(a - AVec::loadu(mu + c), AVec::loadu(qv + c),
+                                                                  AVec::loadu(pv + c)));
+        b = at::vec::fmadd(h, AVec::loadu(gv + c + W),
+                           at::vec::fmadd(b - AVec::loadu(mu + c + W), AVec::loadu(qv + c + W),
+                                          AVec::loadu(pv + c + W)));
+        IO::store(dr + c, a, b);
+      }
+      for (int64_t c = vec_c; c < C; ++c)
+        dr[c] = static_cast<scalar_t>(static_cast<acc_t>(gr[c]) * gv[c] +
+                                      (static_cast<acc_t>(xr[c]) - mu[c]) * qv[c] + pv[c]);
+    }
+  });
+}
+
 template <typename scalar_t>
 void backward_elemt_kernel(const at::Tensor& grad_out, const at::Tensor& input, at::Tensor& grad_in,
                            const InputLayout& lay, const std::vector<double>& mean,
@@ -21,7 +91,6 @@ void backward_elemt_kernel(const at::Tensor& grad_out, const at::Tensor& input, 
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
-  constexpr int64_t W = IO::kWidth;
   const int64_t C = lay.c;
   std::vector<acc_t> mu(mean.begin(), mean.end()), gv(gain.begin(), gain.end()),
       qv(slope.begin(), slope.end()), pv(offset.begin(), offset.end());
@@ -50,28 +119,18 @@ void backward_elemt_kernel(const at::Tensor& grad_out, const at::Tensor& input, 
     });
     return;
   }
-  const int64_t vec_c = C - C % IO::kStep;
-  for_each_row_range(lay, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xr = x + r * C;
-      const scalar_t* gr = dy + r * C;
-      scalar_t* dr = dx + r * C;
-      AVec a, b, g, h;
-      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-        IO::load(xr + c, a, b);
-        IO::load(gr + c, g, h);
-        a = at::vec::fmadd(g, AVec::loadu(&gv[c]),
-                           at::vec::fmadd(a - AVec::loadu(&mu[c]), AVec::loadu(&qv[c]), AVec::loadu(&pv[c])));
-        b = at::vec::fmadd(h, AVec::loadu(&gv[c + W]),
-                           at::vec::fmadd(b - AVec::loadu(&mu[c + W]), AVec::loadu(&qv[c + W]),
-                                          AVec::loadu(&pv[c + W])));
-        IO::store(dr + c, a, b);
-      }
-      for (int64_t c = vec_c; c < C; ++c)
-        dr[c] = static_cast<scalar_t>(static_cast<acc_t>(gr[c]) * gv[c] +
-                                      (static_cast<acc_t>(xr[c]) - mu[c]) * qv[c] + pv[c]);
-    }
-  });
+  // Rows grouped G at a time (layout.h's row_group: full vector steps), then the M % G rows left.
+  const int64_t M = lay.rows(), G = row_group(C, IO::kStep), grouped = M / G * G;
+  if (G == 1) {
+    backward_elemt_rows(x, dy, dx, M, C, mu.data(), gv.data(), qv.data(), pv.data());
+    return;
+  }
+  const std::vector<acc_t> gmu = repeat_channels(mu, G), ggv = repeat_channels(gv, G),
+                           gqv = repeat_channels(qv, G), gpv = repeat_channels(pv, G);
+  if (grouped > 0) backward_elemt_rows(x, dy, dx, M / G, G * C, gmu.data(), ggv.data(), gqv.data(), gpv.data());
+  if (grouped < M)
+    backward_elemt_rows(x + grouped * C, dy + grouped * C, dx + grouped * C, M - grouped, C, mu.data(), gv.data(),
+                        qv.data(), pv.data());
 }
 
 }  // namespace
@@ -90,7 +149,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
   const bool has_w = weight.has_value() && weight->defined();
   if (has_w) check_vector(*weight, C, op, "weight", "one per channel");
   checks::count(count, input.device(), op);
-  const double n = count.to(at::kDouble).item<double>();
+  const double n = to_double(count);
   if (n <= 0.0 || input.numel() == 0) return at::zeros_like(input, at::MemoryFormat::Preserve);
 
   at::Tensor grad_in = empty_like_input(input, lay);

@@ -14,6 +14,7 @@ namespace {
 using namespace detail;
 
 constexpr int64_t kRowTileValues = 65536;  // rows per tile * C (tile sums stay in L1/L2)
+constexpr int64_t kBlockRows = 8;          // rows whose sums a channel vector keeps in registers
 
 struct DySums {
   double dy = 0.0;
@@ -109,23 +110,32 @@ void reduce_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
         acc_t* s = sdy.data();
         acc_t* q = sdx.data();
         const int64_t r1 = std::min(M, (t + 1) * R);
-        for (int64_t r = t * R; r < r1; ++r) {
-          const scalar_t* xr = x + r * C;
-          const scalar_t* gr = dy + r * C;
-          AVec a, b, g, h;
+        // Blocks of kBlockRows rows: each channel vector's sums stay in registers across a block, so the tile sums
+        // in memory are read and written once per block rather than once per row.
+        for (int64_t b0 = t * R; b0 < r1; b0 += kBlockRows) {
+          const int64_t b1 = std::min(r1, b0 + kBlockRows);
           for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-            IO::load(xr + c, a, b);
-            IO::load(gr + c, g, h);
-            (AVec::loadu(s + c) + g).store(s + c);
-            (AVec::loadu(s + c + W) + h).store(s + c + W);
-            at::vec::fmadd(g, a - AVec::loadu(m + c), AVec::loadu(q + c)).store(q + c);
-            at::vec::fmadd(h, b - AVec::loadu(m + c + W), AVec::loadu(q + c + W)).store(q + c + W);
+            const AVec ma = AVec::loadu(m + c), mb = AVec::loadu(m + c + W);
+            AVec sa(0), sb(0), qa(0), qb(0), a, b, g, h;
+            for (int64_t r = b0; r < b1; ++r) {
+              IO::load(x + r * C + c, a, b);
+              IO::load(dy + r * C + c, g, h);
+              sa += g;
+              sb += h;
+              qa = at::vec::fmadd(g, a - ma, qa);
+              qb = at::vec::fmadd(h, b - mb, qb);
+            }
+            (AVec::loadu(s + c) + sa).store(s + c);
+            (AVec::loadu(s + c + W) + sb).store(s + c + W);
+            (AVec::loadu(q + c) + qa).store(q + c);
+            (AVec::loadu(q + c + W) + qb).store(q + c + W);
           }
-          for (int64_t c = vec_c; c < C; ++c) {
-            const acc_t gv = static_cast<acc_t>(gr[c]);
-            s[c] += gv;
-            q[c] += gv * (static_cast<acc_t>(xr[c]) - m[c]);
-          }
+          for (int64_t r = b0; r < b1; ++r)
+            for (int64_t c = vec_c; c < C; ++c) {
+              const acc_t gv = static_cast<acc_t>(dy[r * C + c]);
+              s[c] += gv;
+              q[c] += gv * (static_cast<acc_t>(x[r * C + c]) - m[c]);
+            }
         }
         for (int64_t c = 0; c < C; ++c) {
           part[k][c].dy += s[c];
@@ -138,6 +148,27 @@ void reduce_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
       out[c].dy += part[k][c].dy;
       out[c].dy_xmu += part[k][c].dy_xmu;
     }
+}
+
+// reduce_rows with G rows at a time (layout.h's row_group: full vector steps), then the M % G rows left.
+template <typename scalar_t>
+void reduce_grouped_rows(const scalar_t* x, const scalar_t* dy, int64_t M, int64_t C,
+                         const std::vector<acc_type<scalar_t>>& mu, std::vector<DySums>& out) {
+  const int64_t G = row_group(C, VecIO<scalar_t>::kStep), grouped = M / G * G;
+  if (G == 1) {
+    reduce_rows(x, dy, M, C, mu, out);
+    return;
+  }
+  if (grouped > 0) {
+    std::vector<DySums> wide(G * C);
+    reduce_rows(x, dy, M / G, G * C, repeat_channels(mu, G), wide);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < C; ++c) {
+        out[c].dy += wide[g * C + c].dy;
+        out[c].dy_xmu += wide[g * C + c].dy_xmu;
+      }
+  }
+  if (grouped < M) reduce_rows(x + grouped * C, dy + grouped * C, M - grouped, C, mu, out);
 }
 
 }  // namespace
@@ -164,7 +195,7 @@ at::Tensor batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tens
       if (lay.layout == Layout::kPlanes)
         reduce_planes(x, dy, lay, mu, sums);
       else
-        reduce_rows(x, dy, lay.rows(), C, mu, sums);
+        reduce_grouped_rows(x, dy, lay.rows(), C, mu, sums);
       acc_t* o = out.data_ptr<acc_t>();
       for (int64_t c = 0; c < C; ++c) {
         o[c] = static_cast<acc_t>(sums[c].dy);

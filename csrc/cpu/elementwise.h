@@ -26,11 +26,11 @@ void for_each_plane_segment(const InputLayout& lay, const F& seg) {
   });
 }
 
-// Rows layout: calls rows_fn(r0, r1) for ranges of [M, C] rows.
+// Rows layout: calls rows_fn(r0, r1) for ranges of `rows` rows of C channels.
 template <typename F>
-void for_each_row_range(const InputLayout& lay, const F& rows_fn) {
-  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(lay.c, 1));
-  at::parallel_for(0, lay.rows(), grain, rows_fn);
+void for_each_row_range(int64_t rows, int64_t C, const F& rows_fn) {
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(C, 1));
+  at::parallel_for(0, rows, grain, rows_fn);
 }
 
 }  // namespace syncbn::cpu::detail

@@ -11,6 +11,65 @@ namespace syncbn::cpu {
 namespace {
 using namespace detail;
 
+// elemt_rows for rows of exactly kSteps vector steps: the per-channel values stay in registers for every row (short
+// rows, such as the grouped rows of a few channels, spent most of their loads on them).
+template <int kSteps, typename scalar_t>
+void elemt_short_rows(const scalar_t* x, scalar_t* y, int64_t rows, const acc_type<scalar_t>* mu,
+                      const acc_type<scalar_t>* sc, const acc_type<scalar_t>* sh) {
+  using IO = VecIO<scalar_t>;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth, C = kSteps * IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    AVec m[2 * kSteps], s[2 * kSteps], h[2 * kSteps];
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      m[i] = AVec::loadu(mu + i * W);
+      s[i] = AVec::loadu(sc + i * W);
+      h[i] = AVec::loadu(sh + i * W);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int i = 0; i < kSteps; ++i) {
+        AVec a, b;
+        IO::load(x + r * C + i * IO::kStep, a, b);
+        IO::store(y + r * C + i * IO::kStep, at::vec::fmadd(a - m[2 * i], s[2 * i], h[2 * i]),
+                  at::vec::fmadd(b - m[2 * i + 1], s[2 * i + 1], h[2 * i + 1]));
+      }
+    }
+  });
+}
+
+// y = (x - mu) * sc + sh over `rows` rows of C channels (per-channel values in acc_t).
+template <typename scalar_t>
+void elemt_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t C, const acc_type<scalar_t>* mu,
+                const acc_type<scalar_t>* sc, const acc_type<scalar_t>* sh) {
+  using IO = VecIO<scalar_t>;
+  using acc_t = typename IO::acc_t;
+  using AVec = typename IO::AVec;
+  constexpr int64_t W = IO::kWidth;
+  switch (C % IO::kStep == 0 ? C / IO::kStep : 0) {
+    case 1: return elemt_short_rows<1>(x, y, rows, mu, sc, sh);
+    case 2: return elemt_short_rows<2>(x, y, rows, mu, sc, sh);
+    case 3: return elemt_short_rows<3>(x, y, rows, mu, sc, sh);
+    case 4: return elemt_short_rows<4>(x, y, rows, mu, sc, sh);
+    default: break;
+  }
+  const int64_t vec_c = C - C % IO::kStep;
+  for_each_row_range(rows, C, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = x + r * C;
+      scalar_t* yr = y + r * C;
+      AVec a, b;
+      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
+        IO::load(xr + c, a, b);
+        a = at::vec::fmadd(a - AVec::loadu(mu + c), AVec::loadu(sc + c), AVec::loadu(sh + c));
+        b = at::vec::fmadd(b - AVec::loadu(mu + c + W), AVec::loadu(sc + c + W), AVec::loadu(sh + c + W));
+        IO::store(yr + c, a, b);
+      }
+      for (int64_t c = vec_c; c < C; ++c)
+        yr[c] = static_cast<scalar_t>((static_cast<acc_t>(xr[c]) - mu[c]) * sc[c] + sh[c]);
+    }
+  });
+}
+
 template <typename scalar_t>
 void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout& lay,
                   const std::vector<double>& mean, const std::vector<double>& scale,
@@ -18,7 +77,6 @@ void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout
   using IO = VecIO<scalar_t>;
   using acc_t = typename IO::acc_t;
   using AVec = typename IO::AVec;
-  constexpr int64_t W = IO::kWidth;
   const int64_t C = lay.c;
   std::vector<acc_t> mu(mean.begin(), mean.end()), sc(scale.begin(), scale.end()),
       sh(shift.begin(), shift.end());
@@ -44,23 +102,15 @@ void elemt_kernel(const at::Tensor& input, at::Tensor& output, const InputLayout
     });
     return;
   }
-  const int64_t vec_c = C - C % IO::kStep;
-  for_each_row_range(lay, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xr = x + r * C;
-      scalar_t* yr = y + r * C;
-      AVec a, b;
-      for (int64_t c = 0; c < vec_c; c += IO::kStep) {
-        IO::load(xr + c, a, b);
-        a = at::vec::fmadd(a - AVec::loadu(&mu[c]), AVec::loadu(&sc[c]), AVec::loadu(&sh[c]));
-        b = at::vec::fmadd(b - AVec::loadu(&mu[c + W]), AVec::loadu(&sc[c + W]),
-                           AVec::loadu(&sh[c + W]));
-        IO::store(yr + c, a, b);
-      }
-      for (int64_t c = vec_c; c < C; ++c)
-        yr[c] = static_cast<scalar_t>((static_cast<acc_t>(xr[c]) - mu[c]) * sc[c] + sh[c]);
-    }
-  });
+  // Rows grouped G at a time (layout.h's row_group: full vector steps), then the M % G rows left.
+  const int64_t M = lay.rows(), G = row_group(C, IO::kStep), grouped = M / G * G;
+  if (G == 1) {
+    elemt_rows(x, y, M, C, mu.data(), sc.data(), sh.data());
+    return;
+  }
+  const std::vector<acc_t> gmu = repeat_channels(mu, G), gsc = repeat_channels(sc, G), gsh = repeat_channels(sh, G);
+  if (grouped > 0) elemt_rows(x, y, M / G, G * C, gmu.data(), gsc.data(), gsh.data());
+  if (grouped < M) elemt_rows(x + grouped * C, y + grouped * C, M - grouped, C, mu.data(), sc.data(), sh.data());
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ at::Tensor batch_norm_mean_sums(const at::Tensor& stats) {
   const double n = p[0];
   o[0] = n;
   // An empty rank adds exact zeros, whatever its mean holds.
-  for (int64_t c = 0; c < C; ++c) o[1 + c] = n > 0.0 ? n * p[1 + c] : 0.0;
+  for (int64_t c = 0; c < C; ++c) o[1 + c] = n > 0.0 ? detail::rounded_product(n, p[1 + c]) : 0.0;
   return out;
 }
 

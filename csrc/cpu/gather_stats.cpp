@@ -1,5 +1,6 @@
 // batch_norm_gather_stats: Chan merge of the gathered per-rank [count, mean, M2] rows and the
 // running-statistics update. Works on C values, so it is plain scalar code.
+#include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
@@ -19,20 +20,42 @@ std::tuple<at::Tensor, at::Tensor> finish_stats(const at::Tensor& mean, const at
                                                 const std::optional<at::Tensor>& running_var,
                                                 const std::optional<at::Tensor>& num_batches_tracked,
                                                 double momentum, double eps, at::ScalarType acc, const char* op) {
+  // Plain loops over the C values rather than tensor ops: a dozen small ATen calls here cost more than the kernels
+  // of a small layer.
   const bool has_rm = running_mean.has_value() && running_mean->defined();
   double f = momentum;
   if (has_rm && momentum < 0) {
-    const int64_t k = num_batches_tracked->item<int64_t>();
+    const int64_t k = *num_batches_tracked->const_data_ptr<int64_t>();
     TORCH_CHECK(k > 0, op, ": num_batches_tracked must be >= 1 (already incremented), got ", k);
     f = 1.0 / static_cast<double>(k);
   }
-  at::Tensor invstd = m2.div(n).add(eps).rsqrt().to(acc);
+  const int64_t C = mean.numel();
+  const double* mu = mean.const_data_ptr<double>();
+  const double* q = m2.const_data_ptr<double>();
+  at::Tensor mean_out = at::empty({C}, mean.options().dtype(acc));
+  at::Tensor invstd = at::empty({C}, mean.options().dtype(acc));
+  AT_DISPATCH_FLOATING_TYPES(acc, "syncbn_finish_stats", [&] {
+    scalar_t* mo = mean_out.data_ptr<scalar_t>();
+    scalar_t* io = invstd.data_ptr<scalar_t>();
+    for (int64_t c = 0; c < C; ++c) {
+      mo[c] = static_cast<scalar_t>(mu[c]);
+      io[c] = static_cast<scalar_t>(1.0 / std::sqrt(q[c] / n + eps));
+    }
+  });
   if (has_rm) {
-    at::Tensor unbiased = m2.div(n - 1.0);
-    running_mean->mul_(1.0 - f).add_(mean.mul(f).to(running_mean->scalar_type()));
-    running_var->mul_(1.0 - f).add_(unbiased.mul(f).to(running_var->scalar_type()));
+    // In float64, rounded once to the buffers' dtype; the unbiased variance over n - 1 (n == 1 gives 0/0 = NaN, as
+    // the reference does).
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, running_mean->scalar_type(), "syncbn_running_stats",
+                                    [&] {
+      scalar_t* rm = running_mean->data_ptr<scalar_t>();
+      scalar_t* rv = running_var->data_ptr<scalar_t>();
+      for (int64_t c = 0; c < C; ++c) {
+        rm[c] = static_cast<scalar_t>((1.0 - f) * static_cast<double>(rm[c]) + f * mu[c]);
+        rv[c] = static_cast<scalar_t>((1.0 - f) * static_cast<double>(rv[c]) + f * (q[c] / (n - 1.0)));
+      }
+    });
   }
-  return {mean.to(acc), invstd};
+  return {mean_out, invstd};
 }
 
 }  // namespace detail
@@ -68,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_gather_stats(
   double* m2 = m2_d.data_ptr<double>();
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0;
-    for (int64_t r = 0; r < W; ++r) s += p[r * cols] * p[r * cols + 1 + c];
+    for (int64_t r = 0; r < W; ++r) s += detail::rounded_product(p[r * cols], p[r * cols + 1 + c]);
     const double mc = s / n;
     double q = 0.0;
     for (int64_t r = 0; r < W; ++r) {

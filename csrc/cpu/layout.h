@@ -33,13 +33,33 @@ void check_like_input(const at::Tensor& t, const at::Tensor& input, const InputL
 void check_vector(const at::Tensor& t, int64_t numel, const char* op, const char* name,
                   const char* what);
 
-// Per-channel values widened to double (C is small; reading them via .to() costs nothing).
+// Per-channel values (a 1-D floating tensor on the CPU) widened to double.
 std::vector<double> to_double_vector(const at::Tensor& t);
+
+// The value of a one-element CPU tensor, as a double.
+double to_double(const at::Tensor& t);
 
 // Output with input's sizes, dtype and memory format (channels_last stays channels_last).
 at::Tensor empty_like_input(const at::Tensor& input, const InputLayout& lay);
 
 // Number of chunks to split `units` of work into for at::parallel_for (>= 1).
 int64_t num_chunks(int64_t units, int64_t min_units_per_chunk);
+
+// Rows layout: how many consecutive rows of C channels the kernels walk as one row of G*C channels, so that a row is
+// a whole number of vector steps of `step` values and no channel takes the scalar tail: G = step / gcd(C, step)
+// (1 when C is a multiple of step; 32 for one channel with 32-value steps). Per-channel values are then repeated G
+// times (repeat_channels); the M % G rows left at the end take the plain walk. G = 1 where G*C would exceed
+// kMaxGroupedChannels (C > 128 with odd C, say): there the tail is at most step - 1 of over 128 channels.
+constexpr int64_t kMaxGroupedChannels = 4096;
+int64_t row_group(int64_t C, int64_t step);
+
+// v repeated `times` times (per-channel values for rows grouped by row_group).
+template <typename T>
+std::vector<T> repeat_channels(const std::vector<T>& v, int64_t times) {
+  std::vector<T> out;
+  out.reserve(v.size() * static_cast<size_t>(times));
+  for (int64_t t = 0; t < times; ++t) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
 
 }  // namespace syncbn::cpu::detail

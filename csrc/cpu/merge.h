@@ -8,6 +8,15 @@
 
 namespace syncbn::cpu::detail {
 
+// a * b rounded to float64 on its own. batch_norm_mean_sums rounds each rank's n * mean before the all_reduce adds
+// them, and batch_norm_gather_stats must add the very same terms: a compiler building with -mfma may otherwise
+// fuse the product into the running sum (one rounding instead of two), which at rank means of +-3.4e38 left the
+// gather's mean at 1.06e21 where the all_reduces give exactly 0. Storing through a volatile forbids the fusion.
+inline double rounded_product(double a, double b) {
+  volatile double p = a * b;
+  return p;
+}
+
 // (mean, invstd) in `acc` from the merged float64 mean and M2 [C] over n > 0 values per channel; running_mean
 // and running_var (if given) move towards mean and the unbiased M2 / (n - 1) by momentum, or by
 // 1 / num_batches_tracked when momentum < 0.

@@ -1,5 +1,5 @@
-// Vector loads/stores that widen any supported dtype to its accumulation type, plus the
-// per-channel moment merge. Private to csrc/cpu/.
+// Vector loads/stores that widen any supported dtype to its accumulation type, horizontal sums, and float32 ->
+// float64 widening. Private to csrc/cpu/.
 //
 // Why at::vec::Vectorized: it follows the CPU_CAPABILITY_* macro the extension is compiled with
 // (src/syncbn/extension.py builds one library per capability: default, AVX2, AVX512), so the same
@@ -76,6 +76,33 @@ struct VecIO {
   }
 };
 
+// kLanes all-ones lanes, then kLanes zero lanes (as bits of the acc type): loading kLanes values from kLanes - count
+// gives `count` ones first.
+template <typename bits_t, int64_t kLanes>
+struct TailMaskTable {
+  bits_t v[2 * kLanes];
+  constexpr TailMaskTable() : v() {
+    for (int64_t i = 0; i < kLanes; ++i) v[i] = ~bits_t(0);
+  }
+};
+template <typename acc_t>
+using MaskBits = std::conditional_t<std::is_same_v<acc_t, double>, uint64_t, uint32_t>;
+template <typename acc_t>
+alignas(64) inline constexpr TailMaskTable<MaskBits<acc_t>, 2 * at::vec::Vectorized<acc_t>::size()> kTailMasks{};
+
+// Masks keeping lanes [0, count) of a kStep-lane step of acc_t values (a: first half, b: second) and zeroing the rest,
+// for `x & mask`: a tail loaded with pad 0 then contributes exactly nothing beyond its count, also after subtracting
+// a shift. (Padding through AVec::set costs a switch over count that the compiler need not inline, and then calls
+// libtorch's interposable copy through the PLT: a tenth of the statistics' time on 3x3 planes.)
+template <typename acc_t>
+inline void tail_masks(int64_t count, at::vec::Vectorized<acc_t>& a, at::vec::Vectorized<acc_t>& b) {
+  using AVec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t kStep = 2 * AVec::size();
+  const acc_t* base = reinterpret_cast<const acc_t*>(kTailMasks<acc_t>.v + (kStep - count));
+  a = AVec::loadu(base);
+  b = AVec::loadu(base + AVec::size());
+}
+
 // Horizontal sum of a float64 vector by shuffles: ATen's vec_reduce_all has SIMD code for float only, and its
 // generic loop costs hundreds of cycles per call, which dominates on 7x7 planes.
 inline double hsum_double(const at::vec::Vectorized<double>& v) {
@@ -105,18 +132,6 @@ inline acc_t hsum(const at::vec::Vectorized<acc_t>& v) {
     return at::vec::vec_reduce_all<acc_t>([](V& a, V& b) { return a + b; }, v);
   }
 }
-
-// Sums of squared deviations reach float64 after at most kSquareRun float32 terms per lane. A float32 running sum
-// drops the low bits of each square it adds, and for data on float32's grid near a large mean (|mean| / std of
-// 1e3 to 1e5: any float32 data there) those bits are biased (squares of integers are 0 or 1 mod 4), so over many
-// terms the error grows instead of averaging out: 4096 terms were 4e-6 of the variance, 100x PyTorch's
-// float64-accumulated var_mean. A sum of 4 squares rounds below 2^-22 of a term (at most ~1e-7 of the variance,
-// biased or not), and one conversion per 4 terms keeps the float64 work small.
-constexpr int64_t kSquareRun = 4;
-// Contiguous planes hold their float32 squares for up to 8 vector steps: fewer conversions where pass 2 is the
-// loop's whole work (bfloat16 planes' pass 2 is bound by arithmetic, not memory); 8 terms round below 2^-21 of
-// a term.
-constexpr int64_t kPlaneSquareRun = 8;
 
 using DVec = at::vec::Vectorized<double>;
 
@@ -160,107 +175,5 @@ inline void add_widened_to(const at::vec::Vectorized<float>& v, double* q) {
 }
 
 inline void add_widened_to(const DVec& v, double* q) { (DVec::loadu(q) + v).store(q); }
-
-// Count, mean and sum of squared deviations of one channel; merged with Chan et al.'s pairwise
-// formula (stable for |mean| >> std, unlike sum/sum-of-squares). Kept in double: merges happen
-// once per tile, so the cost is negligible and fp32 inputs lose nothing across tiles.
-struct Moments {
-  int64_t n = 0;
-  double mean = 0.0;
-  double m2 = 0.0;
-
-  inline void merge(int64_t nb, double mean_b, double m2_b) {
-    if (nb == 0) return;
-    if (n == 0) {
-      n = nb;
-      mean = mean_b;
-      m2 = m2_b;
-      return;
-    }
-    const int64_t nt = n + nb;
-    const double delta = mean_b - mean;
-    const double wb = static_cast<double>(nb) / static_cast<double>(nt);
-    mean += delta * wb;
-    m2 += m2_b + delta * delta * static_cast<double>(n) * wb;
-    n = nt;
-  }
-  inline void merge(const Moments& o) { merge(o.n, o.mean, o.m2); }
-};
-
-// Pass 1: the sum of `len` contiguous values (two accumulators hide the add latency).
-template <typename scalar_t>
-inline typename VecIO<scalar_t>::acc_t contiguous_sum(const scalar_t* p, int64_t len) {
-  using IO = VecIO<scalar_t>;
-  using acc_t = typename IO::acc_t;
-  using AVec = typename IO::AVec;
-  const int64_t vec_end = len - len % IO::kStep;
-  AVec s0(0), s1(0), a, b;
-  for (int64_t i = 0; i < vec_end; i += IO::kStep) {
-    IO::load(p + i, a, b);
-    s0 += a;
-    s1 += b;
-  }
-  if (vec_end < len) {
-    IO::load_tail(p + vec_end, len - vec_end, acc_t(0), a, b);
-    s0 += a;
-    s1 += b;
-  }
-  return hsum<acc_t>(s0 + s1);
-}
-
-// Pass 2 over the same values: sum(d) and sum(d^2), d = x - mean0, for the corrected two-pass formula
-// M2 = sum(d^2) - sum(d)^2/len (exact even when mean0 is off by rounding); sum(d^2) reaches float64 every
-// kPlaneSquareRun steps.
-template <typename scalar_t>
-inline void centered_sums(const scalar_t* p, int64_t len, typename VecIO<scalar_t>::acc_t mean0, double& sd,
-                          double& sq) {
-  using IO = VecIO<scalar_t>;
-  using acc_t = typename IO::acc_t;
-  using AVec = typename IO::AVec;
-  const int64_t vec_end = len - len % IO::kStep;
-  const AVec vm(mean0);
-  AVec d0(0), d1(0), a, b;
-  DVec s0(0.0), s1(0.0), s2(0.0), s3(0.0);
-  for (int64_t i = 0; i < len;) {
-    AVec q0(0), q1(0);
-    const int64_t run_end = std::min(vec_end, i + kPlaneSquareRun * IO::kStep);
-    for (; i < run_end; i += IO::kStep) {
-      IO::load(p + i, a, b);
-      a -= vm;
-      b -= vm;
-      d0 += a;
-      d1 += b;
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
-    }
-    if (i == vec_end && vec_end < len) {  // the tail joins the last run
-      IO::load_tail(p + vec_end, len - vec_end, mean0, a, b);  // padded lanes give d = 0 exactly
-      a -= vm;
-      b -= vm;
-      d0 += a;
-      d1 += b;
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
-      i = len;
-    }
-    add_widened(q0, s0, s1);
-    add_widened(q1, s2, s3);
-  }
-  sd = static_cast<double>(hsum<acc_t>(d0 + d1));
-  sq = hsum_double((s0 + s1) + (s2 + s3));
-}
-
-// Mean and M2 of `len` contiguous values in two passes over data that is already in L1/L2 (the
-// caller tiles).
-template <typename scalar_t>
-inline void contiguous_moments(const scalar_t* p, int64_t len, double& mean_out, double& m2_out) {
-  using acc_t = typename VecIO<scalar_t>::acc_t;
-  const acc_t mean0 = contiguous_sum(p, len) / static_cast<acc_t>(len);
-  double sd, sq;
-  centered_sums(p, len, mean0, sd, sq);
-  const double dl = static_cast<double>(len);
-  mean_out = static_cast<double>(mean0) + sd / dl;
-  m2_out = std::max(0.0, sq - sd * sd / dl);
-}
 
 }  // namespace syncbn::cpu::detail

@@ -6,6 +6,7 @@
 // by construction, and the cumulative factor 1/num_batches_tracked is read on the device.
 #include "merge.cuh"
 #include "occupancy.cuh"
+#include "reduce.cuh"
 #include "../ops.h"
 
 namespace syncbn::cuda {
@@ -39,7 +40,9 @@ __global__ void gather_stats_kernel(SYNCBN_PTR(const double) rows, int64_t W, in
     double weighted = 0.0;
     for (int64_t w = 0; w < W; ++w) {
       const double nw = rows[w * stride];
-      if (nw > 0.0) weighted += nw * rows[w * stride + 1 + c];
+      // Each n * mean rounded on its own (no fma), as batch_norm_mean_sums rounds it before the all_reduce: the two
+      // exchanges add the same terms, so rank means of +-3.4e38 give the same mean (0) through either.
+      if (nw > 0.0) weighted += mul_rn(nw, rows[w * stride + 1 + c]);
     }
     mean = weighted / n;
     for (int64_t w = 0; w < W; ++w) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime.cuh"
 
@@ -127,13 +128,19 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 #endif
 
 // A thread's running statistics of V channels that have seen the same number n of values, kept around a
-// per-channel shift k (the first value of the channel the thread read; every later x - k is then exact for
-// |mean| >> std, where rounding the running mean itself to acc_t would lose the spread): s1 = sum(x - k) in
-// acc_t, s2 = sum((x - k)^2) in float64. float32 sums of squares lose the low bits of every square, and for
+// per-channel shift k (the channel's first value, the same in every thread and block: every x - k is then exact
+// for |mean| >> std, where rounding the running mean itself to acc_t would lose the spread, and the merges of
+// threads and blocks add means relative to k, numbers of the order of the std rather than of the mean, which at
+// |mean| / std = 1e8 lost 1e-8 of a float64 variance): s1 = sum(x - k) in acc_t, s2 = sum((x - k)^2) in float64. float32 sums of squares lose the low bits of every square, and for
 // data on float32's grid near a large mean those bits are biased (squares of integers are 0 or 1 mod 4), so the
 // error would grow with the number of terms; each chunk's squares are summed exactly instead (shifted_chunk)
 // and then added in float64. float64 work is one add per chunk and channel, so GPUs with slow float64 pay
 // almost nothing for it.
+//
+// Range. The float32 sums hold only where nothing overflowed and no square was subnormal (exact(), checked once at
+// the end, so the loop carries no test); a thread whose sums do not (extreme data only: deviations beyond about 3e18,
+// where float32 squares overflow, or all below about 1e-13) folds its values again into WideSums, in float64 throughout, where the square of any
+// difference of float32 values fits. So the statistics of any finite input are finite.
 template <typename acc_t, int V>
 struct ShiftedSums {
   acc_t n;
@@ -141,27 +148,96 @@ struct ShiftedSums {
   acc_t s1[V];
   double s2[V];
 
-  __device__ __forceinline__ void reset() {
+  __device__ __forceinline__ void reset(const acc_t (&shift)[V]) {
     n = acc_t(0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      k[v] = acc_t(0);
+      k[v] = shift[v];
       s1[v] = acc_t(0);
       s2[v] = 0.0;
     }
   }
 
-  // The same statistics as (count, mean, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
-  // most log2(1 + n (mean - k)^2 / M2) <= log2(n) of float64's 53 bits (k is one of the values).
+  // Whether the float32 sums are exact enough: s1 and s2 are finite (a square, a sum or an x - k that overflowed
+  // leaves inf or NaN in them) and s2 is at least 2^-80, or the channel is constant here (s2 == s1 == 0 with k = 0 or
+  // |k| >= 2^-50: floats within 2^-75 of such a k, where squares would underflow, are k itself). Below 2^-80
+  // squares' rounding errors can be subnormal and inexact, at most 2^-149 per value, so for s2 >= 2^-80 they stay
+  // below n 2^-69 of s2. The one case taken for constant that is not: values within 2^-75 of k = 0, not all 0,
+  // summing to exactly 0 (M2 off by less than n 2^-149: a variance below float32's smallest subnormal). float64
+  // input needs no check: its squares overflow only past |x - k| ~ 1e154, as float64 BatchNorm's do.
+  __device__ __forceinline__ bool exact() const {
+    if constexpr (std::is_same_v<acc_t, double>) {
+      return true;
+    } else {
+      bool ok = true;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const bool finite = s2[v] <= 0x1.fffffffffffffp1023 && s1[v] <= 0x1.fffffep127f && s1[v] >= -0x1.fffffep127f;
+        const bool constant = s2[v] == 0.0 && s1[v] == acc_t(0) && (k[v] == acc_t(0) || fabsf(k[v]) >= 0x1p-50f);
+        ok = ok && finite && (s2[v] >= 0x1p-80 || constant);
+      }
+      return ok;
+    }
+  }
+
+  // The same statistics as (count, mean - k, M2) in float64, for the block's merge. M2 = s2 - s1^2 / n loses at
+  // most log2(1 + n (mean - k)^2 / M2) of float64's 53 bits (k is one of the channel's values, so typically a few).
+  // A NaN M2 (NaN input) stays NaN.
   __device__ __forceinline__ Welford<double, V> moments() const {
     Welford<double, V> w;
     w.n = double(n);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const double q = n > acc_t(0) ? double(s1[v]) / double(n) : 0.0;
-      w.mean[v] = n > acc_t(0) ? double(k[v]) + q : 0.0;
+      w.mean[v] = q;
       const double m2 = s2[v] - double(s1[v]) * q;
-      w.m2[v] = m2 > 0.0 ? m2 : 0.0;
+      w.m2[v] = m2 < 0.0 ? 0.0 : m2;
+    }
+    return w;
+  }
+};
+
+// The same sums in float64 throughout, for a thread whose values ShiftedSums could not take exactly: the statistics
+// kernels walk its values a second time into these, one row of V channels at a time (stats.cu).
+template <int V>
+struct WideSums {
+  double n;
+  double k[V];
+  double s1[V];
+  double s2[V];
+
+  template <typename acc_t>
+  __device__ __forceinline__ void reset(const acc_t (&shift)[V]) {
+    n = 0.0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      k[v] = double(shift[v]);
+      s1[v] = 0.0;
+      s2[v] = 0.0;
+    }
+  }
+
+  // Folds one row of V channels into the sums.
+  __device__ __forceinline__ void fold(const double (&x)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double d = x[v] - k[v];
+      s1[v] += d;
+      s2[v] += d * d;
+    }
+    n += 1.0;
+  }
+
+  // (count, mean - k, M2), as ShiftedSums::moments.
+  __device__ __forceinline__ Welford<double, V> moments() const {
+    Welford<double, V> w;
+    w.n = n;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double q = n > 0.0 ? s1[v] / n : 0.0;
+      w.mean[v] = q;
+      const double m2 = s2[v] - s1[v] * q;
+      w.m2[v] = m2 < 0.0 ? 0.0 : m2;
     }
     return w;
   }
@@ -172,10 +248,6 @@ struct ShiftedSums {
 // the errors gathered in `err`; only the float64 total rounds.
 template <int K, typename acc_t, int V>
 __device__ __forceinline__ void shifted_chunk(ShiftedSums<acc_t, V>& s, const acc_t (&x)[K][V]) {
-  if (s.n == acc_t(0)) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) s.k[v] = x[0][v];
-  }
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     acc_t sum = acc_t(0), sq = acc_t(0), err = acc_t(0);

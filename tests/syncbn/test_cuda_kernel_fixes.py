@@ -1,8 +1,14 @@
-"""Regression tests for three CUDA kernel defects found by reading csrc/cuda/ against PyTorch's
-Normalization.cuh; each test failed on the kernels before the fix it guards:
+"""Regression tests for CUDA kernel defects; each test failed on the kernels before the fix it guards:
 
-- Welford overflow: the Chan merge computed `d * d * cross` with cross = 0 on a thread's first chunk, so for
-  |mean| above sqrt(FLT_MAX) (~1.8e19) in fp32/bf16 `d * d` was inf and inf * 0 made the channel's M2 NaN.
+- Statistics at extreme magnitudes: the Chan merge computed `d * d * cross` with cross = 0 on a thread's first
+  chunk, so for |mean| above sqrt(FLT_MAX) (~1.8e19) in fp32/bf16 `d * d` was inf and inf * 0 made the channel's M2
+  NaN; and a thread's float32 sums overflowed (|x - k| beyond ~1e19) or lost their squares to underflow (below
+  ~1e-19), so statistics were NaN or wrong from there to float max. Now finite and within 1e-6 of float64 up to
+  float max, constant channels exact (extreme_cases.py), as the CPU kernels (test_kernels.py).
+- float64 statistics merged threads' and blocks' running means of |mean| ~ 1e8 and lost 1e-9 of the variance there
+  (1e5x nn.BatchNorm's float64 error); now merged relative to each channel's first value.
+- The gather fused each n * mean into its sum (nvcc contracts to an fma), so at rank means of +-3e38 its mean
+  differed from the two all_reduces' (the emulated build, compiled without contraction, could not show it).
 - block_reduce assumed exactly 256 threads (it merged 8 warp slots whatever the block held).
 - A NaN global count (batch_norm_gather_stats' signal for invalid rows) gave dx = 0 in backward_elemt
   instead of NaN, so the backward silently disagreed with the forward.
@@ -15,8 +21,9 @@ import pytest
 import torch
 
 from src.syncbn.extension import load_extension
-from tests.syncbn import reference_ops as ref
-from tests.syncbn.cuda_cases import BACKENDS, EPS, H100, load_backend, one_intraop_thread
+from tests.syncbn import extreme_cases as xc
+from tests.syncbn import precision_cases as pc
+from tests.syncbn.cuda_cases import BACKENDS, H100, ORIN, ORIN1, load_backend, one_intraop_thread
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -31,7 +38,7 @@ def kb(request):
 
 @pytest.fixture(scope="module")
 def cpu_ops():
-    """Our CPU kernels (they merge in float64, so they never had the overflow)."""
+    """Our CPU kernels, which the NaN-count test compares with."""
     return load_extension()
 
 
@@ -39,61 +46,52 @@ def _in_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x.contiguous()
 
 
-def _huge(shape, magnitude: float, dtype: torch.dtype, spread: float, device: str) -> torch.Tensor:
-    """magnitude * sign_c * (1 + spread * k), k in {-1, 0, 1} at random; alternate channels negative."""
-    gen = torch.Generator().manual_seed(3)
-    k = torch.randint(-1, 2, shape, generator=gen, dtype=torch.float64)
-    sign = torch.tensor([1.0 if c % 2 == 0 else -1.0 for c in range(shape[1])], dtype=torch.float64)
-    return (magnitude * sign.view(1, -1, 1, 1) * (1 + spread * k)).to(dtype).to(device)
+# (shape, memory format, emulated device): each walk of the statistics kernel (cuda_cases.py says what each
+# exercises), vectorised or not, and both with the partials' second kernel (the two ORIN cases).
+EXTREME_CASES = [
+    ((2, 8, 8, 8), torch.contiguous_format, H100),
+    ((24, 8, 9, 11), torch.contiguous_format, ORIN1),
+    ((24, 40, 5, 6), torch.channels_last, ORIN1),
+    ((3000, 6), torch.contiguous_format, ORIN1),
+    ((32, 4, 3, 4, 5), torch.channels_last_3d, ORIN1),
+    ((96, 16, 8, 8), torch.channels_last, ORIN1),
+    ((2, 4, 128, 128), torch.contiguous_format, ORIN),
+]
+EXTREME_IDS = [f"{'x'.join(map(str, s))}-{str(f).split('.')[-1]}-{d.replace(',sm_count=', '-sm')}"
+               for s, f, d in EXTREME_CASES]
 
 
-# (magnitude, relative spread). spread 0: constant channels, whose M2 is exactly 0 in any precision (every
-# chunk mean of equal values is exact). Near-constant cases keep M2 = n * (magnitude * spread)^2 within the
-# accumulator's range: below FLT_MAX (3.4e38) for fp32/bf16, so only up to a few 1e19 there (the spread
-# cannot be smaller than a bf16/fp32 ulp); float64 takes 1e30 with spread 1e-9.
-MAGNITUDES = [1e19, 3e19, 1e20, 1e25, 1e30]
-CASES = ([(m, 0.0, dt) for m in MAGNITUDES for dt in (torch.float32, torch.bfloat16, torch.float64)]
-         + [(3e19, 2.0**-7, dt) for dt in (torch.float32, torch.bfloat16)]
-         + [(m, 1e-9, torch.float64) for m in (3e19, 1e30)])
-SHAPES = [(4, 8, 8, 8), (6, 5, 3, 7)]  # vectorised in both layouts; scalar (C = 5, S = 21)
+@pytest.mark.parametrize("dtype", xc.DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", EXTREME_CASES, ids=EXTREME_IDS)
+def test_statistics_finite_to_float_max(kb, case, dtype):
+    """Constant, near-constant and spread channels from the dtype's tiny end to its max (extreme_cases.py)."""
+    shape, fmt, device = case
+    kb.use(device)
+    for magnitude in xc.MAGNITUDES[dtype]:
+        x = xc.make(shape, fmt, dtype, magnitude, kb.device)
+        what = f"{shape} {fmt} {dtype} at {magnitude:g}"
+        xc.check_stats(kb.ops.batch_norm_stats(x), x, what)
+        xc.check_forward_backward(kb.ops, x, what)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("magnitude,spread,dtype", CASES, ids=[f"{m:g}-{s:g}-{str(d)[6:]}" for m, s, d in CASES])
-def test_stats_huge_magnitude(kb, cpu_ops, shape, layout, magnitude, spread, dtype):
-    """Finite, correct mean and M2 for |mean| in 1e19..1e30: vs float64 on the same values and the CPU kernels."""
-    x = _in_layout(_huge(shape, magnitude, dtype, spread, kb.device), layout)
-    out = kb.ops.batch_norm_stats(x).cpu()
-    exp = ref.batch_norm_stats(x.cpu())
-    cpu = cpu_ops.batch_norm_stats(x.cpu())
-    c = shape[1]
-    assert torch.isfinite(out).all(), f"non-finite stats: {out}"
-    assert float(out[0]) == float(exp[0])
-    # Mean: fp32 accumulation of equal-sign values loses ~n * 2^-24 relative (n <= 256 per thread chain and
-    # merges in float64 afterwards); 1e-5 relative is 100x that. float64: 1e-12.
-    rtol = 1e-12 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(out[1:1 + c], exp[1:1 + c], rtol=rtol, atol=0.0)
-    torch.testing.assert_close(cpu[1:1 + c], exp[1:1 + c], rtol=rtol, atol=0.0)
-    if spread == 0.0:
-        assert torch.equal(out[1 + c:], torch.zeros(c, dtype=out.dtype)), "constant channels must have M2 = 0"
-    else:
-        # M2 is accumulated around each chunk's own mean (no cancellation): ~1e-6 relative in fp32; 1e-4
-        # allows the float64 reference's own view of the rounded values. float64: 1e-9 (d ~ 1e-9 |mean|).
-        m2_tol = 1e-6 if dtype == torch.float64 else 1e-4
-        torch.testing.assert_close(out[1 + c:], exp[1 + c:], rtol=m2_tol, atol=0.0)
+@pytest.mark.parametrize("layout", ["nc_2048", "nchw", "channels_last"])
+def test_float64_statistics_as_precise_as_batchnorm(kb, layout):
+    """float64 at |mean| / std = 1e8, one SM (threads fold many chunks, blocks merge): the statistics' mean and unbiased
+    variance within 10x of nn.BatchNorm's float64 CPU error, against exact values (precision_cases.py)."""
+    kb.use(ORIN1)
+    x = pc.make_float64(layout, 1e8)
+    c = x.shape[1]
+    n = x.numel() // c
+    stats = kb.ops.batch_norm_stats(x.to(kb.device)).cpu()
+    for what, (ours, theirs) in pc.float64_errors(x, stats[1:1 + c], stats[1 + c:] / (n - 1)).items():
+        assert ours <= 10 * theirs, f"{layout} {what}: relative error {ours:.3g}, nn.BatchNorm's {theirs:.3g}"
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_forward_normalises_huge_constant(kb, layout, dtype):
-    """The whole forward (stats -> gather -> elemt) on a 1e20 constant gives y = bias, not NaN."""
-    x = _in_layout(_huge((4, 8, 4, 4), 1e20, dtype, 0.0, kb.device), layout)
-    st = kb.ops.batch_norm_stats(x)
-    mean, invstd, _ = kb.ops.batch_norm_gather_stats(st.view(1, -1), None, None, None, 0.1, EPS, False)
-    bias = torch.linspace(-1, 1, 8).to(kb.device)
-    y = kb.ops.batch_norm_elemt(x, None, bias, mean, invstd)
-    assert torch.equal(y.float().cpu(), bias.cpu().view(1, -1, 1, 1).expand(4, 8, 4, 4).to(dtype).float())
+@pytest.mark.parametrize("rows", list(xc.FLOAT_MAX_ROWS))
+def test_gather_merges_as_the_all_reduces_do_at_float_max(kb, rows):
+    """Rank means of +-3e38: the gather adds the very terms the two all_reduces add (each n * mean rounded on its own,
+    never an fma), so both give the same mean (extreme_cases.py)."""
+    xc.check_gather_matches_all_reduces(kb.ops, rows, kb.device)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -118,7 +116,7 @@ def test_backward_elemt_nan_count_from_gather(kb):
     st = kb.ops.batch_norm_stats(x)
     rows = torch.stack([st, st]).clone()
     rows[1, 0] = -1.0
-    mean, invstd, count = kb.ops.batch_norm_gather_stats(rows, None, None, None, 0.1, EPS, False)
+    mean, invstd, count = kb.ops.batch_norm_gather_stats(rows, None, None, None, 0.1, xc.EPS, False)
     assert torch.isnan(count.cpu())
     red = kb.ops.batch_norm_backward_reduce(x, x, torch.zeros(3, device=kb.device), torch.ones(3, device=kb.device))
     dx = kb.ops.batch_norm_backward_elemt(x, x, mean, invstd, None, red, count)

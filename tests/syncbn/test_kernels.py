@@ -15,6 +15,7 @@ import torch
 
 from src.syncbn.extension import load_extension
 from tests.support import process_state
+from tests.syncbn import extreme_cases as xc
 from tests.syncbn import precision_cases as pc
 from tests.syncbn import reference_ops as ref
 
@@ -137,6 +138,39 @@ def test_variance_as_precise_as_torch_var_mean(ops, layout, dtype, ratio):
     x = pc.make(layout, dtype, ratio)
     ours, theirs = pc.variance_errors(ops.batch_norm_stats(x), x)
     assert ours <= 10 * theirs, f"variance relative error {ours:.3g}, torch.var_mean's {theirs:.3g}"
+
+
+# name -> (shape, memory format) for the extreme magnitudes: every walk of the statistics kernel, each with vectorised
+# and leftover channels or values, and several tiles (a plane longer than one tile; rows over three tiles).
+EXTREME_LAYOUTS = {
+    "nchw": ((2, 8, 9, 11), torch.contiguous_format),
+    "nchw_3x3": ((40, 8, 3, 3), torch.contiguous_format),
+    "nchw_long_plane": ((1, 4, 70, 120), torch.contiguous_format),
+    "ncl": ((5, 8, 37), torch.contiguous_format),
+    "ncdhw": ((2, 4, 3, 4, 5), torch.contiguous_format),
+    "nc": ((150, 40), torch.contiguous_format),
+    "channels_last": ((3, 40, 5, 6), torch.channels_last),
+    "channels_last_3d": ((2, 40, 3, 2, 4), torch.channels_last_3d),
+}
+
+
+@pytest.mark.parametrize("dtype", xc.DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("layout", list(EXTREME_LAYOUTS))
+def test_statistics_finite_to_float_max(ops, layout, dtype):
+    """Constant, near-constant and spread channels from the dtype's tiny end to its max (extreme_cases.py)."""
+    shape, fmt = EXTREME_LAYOUTS[layout]
+    for magnitude in xc.MAGNITUDES[dtype]:
+        x = xc.make(shape, fmt, dtype, magnitude)
+        what = f"{layout} {dtype} at {magnitude:g}"
+        xc.check_stats(ops.batch_norm_stats(x), x, what)
+        xc.check_forward_backward(ops, x, what)
+
+
+@pytest.mark.parametrize("rows", list(xc.FLOAT_MAX_ROWS))
+def test_gather_merges_as_the_all_reduces_do_at_float_max(ops, rows):
+    """Rank means of +-3e38: the gather adds the very terms the two all_reduces add (each n * mean rounded on its own,
+    never fused into the sum), so both give the same mean (extreme_cases.py)."""
+    xc.check_gather_matches_all_reduces(ops, rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
