@@ -12,8 +12,9 @@ copies of one message bury it. The first rank to report a message prints it, the
 its message in torchrun's store, which outlives the workers. Nobody waits for anybody: a mistake that only one
 rank sees (its node's data folder, GPUs, one corrupt file in its shard) is printed at once by that rank, prefixed
 with its number, before its exit makes the other ranks fail in their collectives and torchrun stop them all.
-Without torchrun's store (one process, or another launcher) rank 0 prints and every other rank prints its own. Ctrl-C that reaches it (outside training, which stops
-at a step and saves: src/engine/preemption.py) ends the command with one line and INTERRUPTED_EXIT_CODE.
+Without torchrun's store (one process, or another launcher) every rank prints its own, prefixed where not rank 0.
+Ctrl-C that reaches it (outside training, which stops at a step and saves: src/engine/preemption.py) ends the
+command with one line and INTERRUPTED_EXIT_CODE.
 
 This module imports neither torch nor the project's configs at import time, so that a mistake on the command
 line (src/commands/command_line.py) is reported before torch loads.
