@@ -3,7 +3,7 @@
 DataConfig holds the keys every dataset and task reads; a dataset's own keys (data.mask_suffix, the several-shapes
 sets' data.min_shapes, ...) are declared where it is registered (`DATASETS.register(..., options=...)`) and a
 task's (data.crop_size, data.auto_augment, ...) in its options (src/tasks/<task>/options.py); data_schema() and
-src/config.py add them to the schema.
+src/config/schema.py add them to the schema.
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def dataset_options() -> list[Owned]:
 
 def data_schema() -> type[DataConfig]:
     """The `data` group's schema in the data layer: DataConfig with every registered dataset's options (the
-    run's full schema adds the tasks' own: src/config.py)."""
+    run's full schema adds the tasks' own: src/config/schema.py)."""
     return _schema(tuple(dataset_options()))
 
 

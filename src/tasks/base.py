@@ -51,7 +51,7 @@ class Task:
     per_class_direction: str = MAX
     data: TaskData  # the data layer's part of the task: transforms and collation (src/data/task_data.py)
     # The keys this task adds to config groups, by group ("data", "trainer"): a dataclass each, in the task's
-    # options.py, which src/config.py adds to the group's schema (the keys stay data.crop_size, ...). Each
+    # options.py, which src/config/schema.py adds to the group's schema (the keys stay data.crop_size, ...). Each
     # dataclass's validate() checks them; a run of another task refuses them when set.
     config_options: Mapping[str, type] = {}
     predict_options: Optional[type] = None  # predict.py's keys this task reads (e.g. topk), a dataclass

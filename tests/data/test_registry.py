@@ -49,7 +49,7 @@ def test_one_decorated_builder_is_a_complete_dataset(scratch_registry: Registry)
     with pytest.raises(ValueError, match=r"data\.num_classes=4 does not match tiny, which has 3"):
         data_config(name="tiny", num_classes=4).validate()
     assert validate_config({"data": {"name": "tiny", "image_size": 8}}).data.name == "tiny"
-    # src/config.py's task check reads the entries: a model of another task than the dataset's is refused.
+    # src/config/validation.py's task check reads the entries: a model of another task than the dataset's is refused.
     scratch_registry.register("tiny_depth", task="depth")(build_tiny)
     with pytest.raises(ValueError, match=r"model.name=resnet20 \(serves classification.*\) and data.name=tiny_depth "
                                          r"\(serves depth\) have no task in common"):
