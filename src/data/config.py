@@ -50,7 +50,8 @@ class DataConfig:
     generator_seed: int = 0
     noise_std: float = 10.0  # shapes: std of the Gaussian pixel noise, in 0..255 units
     # shapes: per-image contrast gain and brightness/colour offsets (0 = off, 1 = strong), so that the
-    # statistics of a small batch differ from the set's (src/data/shapes.py, scripts/syncbn_benefit.py).
+    # statistics of a small batch differ from the set's (src/data/datasets/shapes/drawing.py,
+    # scripts/syncbn_benefit.py).
     photometric_spread: float = 0.0
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 

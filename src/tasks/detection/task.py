@@ -4,7 +4,7 @@ The models follow torchvision's protocol: in training `model(images, targets)` r
 (summed into the training loss), in evaluation `model(images)` returns per image {"boxes" (xyxy, in the
 input's pixels), "scores", "labels"}. Images are lists of float [3, H, W] tensors in 0..1 (the model resizes
 and normalises them itself); targets are lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K]} with
-labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes_det.py and coco.py.
+labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes/detection.py and coco.py.
 
 Evaluation: COCO's own (pycocotools' COCOeval on COCO's ground truth, src/evaluation/coco.py): mAP@[.5:.95]
 (`map`), mAP@.5 (`map50`) and mAP@.75 (`map75`). Each rank keeps its images' detections and COCO ground truth

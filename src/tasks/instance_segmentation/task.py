@@ -5,7 +5,7 @@ The models follow torchvision's protocol: in training `model(images, targets)` r
 into the training loss), in evaluation `model(images)` returns per image {"boxes", "scores", "labels", "masks"
 (probabilities [N, 1, H, W] in the input's pixels)}. Images are lists of float [3, H, W] tensors in 0..1; targets
 lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K] in 1..num_classes-1, "masks": uint8 [K, H, W]}.
-Datasets: src/data/datasets/shapes_inst.py.
+Datasets: src/data/datasets/shapes/instance_segmentation.py.
 
 Evaluation: COCO's own (pycocotools' COCOeval, src/evaluation/coco.py) of both iou types on one ground truth:
 mask mAP@[.5:.95] (`mask_map`), mask mAP@.5 (`mask_map50`) and box mAP@[.5:.95] (`box_map`). Each rank encodes its
