@@ -28,8 +28,8 @@ from PIL import Image  # noqa: E402
 
 from src.config import data_config  # noqa: E402
 from src.data import build_datasets, build_train_loader, set_loader_epoch  # noqa: E402
-from src.data import shapes  # noqa: E402
 from src.data.batch import Batch  # noqa: E402
+from src.data.datasets.shapes import drawing  # noqa: E402
 from src.data.device_transforms import prefetch  # noqa: E402
 from src.tasks import get_task  # noqa: E402
 
@@ -45,8 +45,8 @@ def write_folder(root: Path, images: int, side: int) -> None:
     """train/ and val/ ImageFolder trees of shapes JPEGs (quality 95) of side x side pixels."""
     for split, count in (("train", images), ("val", KINDS)):
         for index in range(count):
-            img, label = shapes.make_classification_image(0, split, index, side, KINDS)
-            path = root / split / shapes.SHAPE_NAMES[label] / f"{index:05d}.jpg"
+            img, label = drawing.make_classification_image(0, split, index, side, KINDS)
+            path = root / split / drawing.SHAPE_NAMES[label] / f"{index:05d}.jpg"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(path, quality=95)
 

@@ -15,11 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
-from src.data import shapes  # noqa: E402
 from src.data.config import DataConfig  # noqa: E402
-from src.tasks.detection.transforms import detection_train_transform  # noqa: E402
+from src.data.datasets.shapes import drawing  # noqa: E402
+from src.data.datasets.shapes.datasets import ShapesDetection  # noqa: E402
 from src.data.seeded import SeededTransformDataset  # noqa: E402
-from src.data.shapes_datasets import ShapesDetection  # noqa: E402
+from src.tasks.detection.transforms import detection_train_transform  # noqa: E402
 
 
 def per_sample_ms(dataset, count: int) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
                                           args.images))
             transform.append(per_sample_ms(train, args.images) - per_sample_ms(cached, args.images))
         boxes = sum(len(cached[i][1]["labels"]) for i in range(args.images))
-        drawn = sum(len(shapes.make_instance_image(0, "train", i, size, 4, 2, 5, radius_range=(0.12, 0.25))[2])
+        drawn = sum(len(drawing.make_instance_image(0, "train", i, size, 4, 2, 5, radius_range=(0.12, 0.25))[2])
                     for i in range(args.images))
         print(f"| {size} | {statistics.median(generate):.2f} | {statistics.median(transform):.2f} | "
               f"{boxes / args.images:.2f} | {100 * (1 - boxes / drawn):.1f}% |")

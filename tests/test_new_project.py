@@ -142,8 +142,8 @@ QUICK_TRAIN = ("trainer.max_steps=2 trainer.epochs=1 data.train_size=256 data.va
                "trainer.num_threads=1 trainer.progress_bar=false hydra.run.dir=outputs/smoke")
 # A handful of the project's own test files: every config composes and validates, every model config builds,
 # the dataset registry, the documentation's files and module names, one SyncBN-against-BatchNorm case.
-OWN_TESTS = ["tests/test_config.py", "tests/models/test_config.py", "tests/data/test_registry.py", "tests/test_docs.py",
-             "tests/syncbn/test_distributed_equivalence.py::test_matches_one_process_batchnorm[W2-cpu-bn2d_unequal]"]
+OWN_TESTS = ["tests/config/test_validation.py", "tests/models/test_config.py", "tests/data/test_registry.py",
+             "tests/test_docs.py", "tests/syncbn/test_distributed_equivalence.py::test_matches_one_process_batchnorm[W2-cpu-bn2d_unequal]"]
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> str:

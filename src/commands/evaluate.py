@@ -16,11 +16,11 @@ from omegaconf import DictConfig
 
 from src import comm, process_group
 from src.commands.dry_run import print_summary, trained_run_facts
-from src.data import DataBundle, build_datasets, build_eval_loader, close_loaders
 from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
-from src.engine.cpu_threads import configure_threads
-from src.engine.evaluation.evaluator import evaluate
+from src.cpu_threads import configure_threads
+from src.data import DataBundle, build_datasets, build_eval_loader, close_loaders
 from src.errors import UserError
+from src.evaluation.loop import evaluate
 
 USAGE = ("python evaluate.py ckpt=<run dir>/checkpoints/last.pt [out=metrics.json] [export=DIR] [ema=true] "
          "[data.root=...]")

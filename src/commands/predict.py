@@ -2,7 +2,7 @@
 
 Steps: check the arguments, read the trained run (src/commands/trained_run.py, as evaluate.py
 does: the stored config with the command line's overrides, SyncBN rebuilt as BatchNorm), list the inputs
-(src/tasks/predict_io.py), start the process group if torchrun launched us, find the inputs that cannot be decoded
+(src/commands/predict_io.py), start the process group if torchrun launched us, find the inputs that cannot be decoded
 (each rank a share, gathered: every rank leaves out the same ones; skip_unreadable=false stops at the first instead),
 give each rank a contiguous run of fixed batches of the others (EvalBatchSampler: every image exactly once, in the
 same batch at any world size), predict with
@@ -25,18 +25,18 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from src import comm, process_group
-from src.errors import UserError
 from src.commands.dry_run import print_summary, trained_run_facts
+from src.commands.predict_io import UNREADABLE_CSV, ImageFiles, find_unreadable, list_inputs, write_unreadable
+from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
 from src.config import TrainConfig
+from src.cpu_threads import configure_threads, fixed_threads
 from src.data import Batch, ClosableLoader, EvalBatchSampler, close_loaders, collate_stacked
 from src.data.image_files import UnreadableImage, read_sample
 from src.data.worker_cap import loader_workers
-from src.commands.trained_run import TrainedRun, load_trained_run, overrides_of
-from src.engine.cpu_threads import configure_threads, fixed_threads
-from src.precision import autocast, model_dtype
 from src.dataclass_config import extend, foreign_settings
+from src.errors import UserError
+from src.precision import autocast, model_dtype
 from src.tasks import Task, all_tasks
-from src.tasks.predict_io import UNREADABLE_CSV, ImageFiles, find_unreadable, list_inputs, write_unreadable
 
 USAGE = "python predict.py ckpt=<run dir>/checkpoints/last.pt input=<image or folder> out=<folder> [topk=5]"
 

@@ -17,32 +17,29 @@ import torch
 from omegaconf import DictConfig
 
 from src import comm, process_group
-from src.config import TrainConfig, best_metric_of, config_dict, register_train_schema
 from src.commands.continue_command import continue_command
 from src.commands.dry_run import forward_one_batch, model_facts, print_summary
 from src.commands.run_dir import agree_run_dir
+from src.commands.run_summary import print_run_summary
 from src.commands.start import StartPlan, plan_start
 from src.commands.start_log import launch_rank, log_to_console
+from src.config import TrainConfig, best_metric_of, config_dict, register_train_schema
+from src.cpu_threads import configure_threads
 from src.data import DataBundle, build_datasets, build_eval_loader, build_train_loader, close_loaders
 from src.data.device_transforms import device_transforms_enabled
 from src.engine.accumulation import optimizer_steps_per_epoch
-from src.engine.amp import PRECISIONS, build_scaler
 from src.engine.checkpoint.files import CheckpointSaver, checkpoint_dir
+from src.engine.checkpoint.schedule import refit_schedule
+from src.engine.checkpoint.state import TrainState, read_checkpoint
 from src.engine.compile import CompileReport, compile_failure, compile_modules
 from src.engine.early_stop_hook import EarlyStopHook
-from src.engine.ema import build_ema
-from src.engine.evaluation.evaluator import evaluate
 from src.engine.hooks import CheckpointHook, EvalHook, Hook, MetricsHook, SampleGridHook, StopAtMaxSteps
 from src.engine.norm_health import check_norm_health
 from src.engine.norm_sync import NormSyncHook, buffer_sync_mode, create_norm_groups
-from src.engine.optim import build_optimizer, build_scheduler, trainable
-from src.engine.preemption import EXIT_INTERRUPTED, PreemptionHook
+from src.engine.optim import build_ema, build_optimizer, build_scheduler, trainable
 from src.engine.precise_bn_hook import PreciseBNHook
-from src.commands.run_summary import print_run_summary
-from src.engine.cpu_threads import configure_threads
+from src.engine.preemption import EXIT_INTERRUPTED, PreemptionHook
 from src.engine.seeding import configure_determinism, seed_everything
-from src.engine.checkpoint.schedule import refit_schedule
-from src.engine.checkpoint.state import TrainState, read_checkpoint
 from src.engine.trackers.build import build_sinks
 from src.engine.trackers.params import run_tags
 from src.engine.trackers.sink import FAILED, FINISHED, KILLED, RunInfo
@@ -50,10 +47,12 @@ from src.engine.tracking import Tracker
 from src.engine.trainer import Trainer
 from src.engine.wrap import wrap_model
 from src.errors import UserError
+from src.evaluation.loop import evaluate
 from src.models import build_model
 from src.models.activation_checkpointing import enable_activation_checkpointing
-from src.models.registry import model_family
 from src.models.norms import checked_cuda_syncbn
+from src.models.registry import model_family
+from src.precision import PRECISIONS, build_scaler
 from src.tasks import Task
 
 log = logging.getLogger("src.commands.train")

@@ -19,11 +19,11 @@ from torch import nn
 
 from src import process_group
 from src.config import TrainConfig, config_dict, validate_config
-from src.engine.amp import PRECISIONS
 from src.engine.checkpoint.files import checkpoint_file
 from src.engine.checkpoint.state import (load_model_weights, model_weights, read_checkpoint, stored_class_names,
                                          stored_config, trained_epoch, trained_step)
 from src.models import build_model
+from src.precision import PRECISIONS
 from src.tasks import Task
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ width or height are dropped (counted); category ids are mapped to contiguous lab
 
 Kept as the file has it for evaluation (`image_truths`): each image's entry and all its annotations, crowd
 regions, boxes of any size and the annotations' `area` included, with the file's image and category ids; COCO's
-evaluation reads these (src/tasks/coco_evaluation.py).
+evaluation reads these (src/evaluation/coco.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 DataConfig holds the keys every dataset and task reads; a dataset's own keys (data.mask_suffix, the several-shapes
 sets' data.min_shapes, ...) are declared where it is registered (`DATASETS.register(..., options=...)`) and a
 task's (data.crop_size, data.auto_augment, ...) in its options (src/tasks/<task>/options.py); data_schema() and
-src/config.py add them to the schema.
+src/config/schema.py add them to the schema.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class DataConfig:
     generator_seed: int = 0
     noise_std: float = 10.0  # shapes: std of the Gaussian pixel noise, in 0..255 units
     # shapes: per-image contrast gain and brightness/colour offsets (0 = off, 1 = strong), so that the
-    # statistics of a small batch differ from the set's (src/data/shapes.py, scripts/syncbn_benefit.py).
+    # statistics of a small batch differ from the set's (src/data/datasets/shapes/drawing.py,
+    # scripts/syncbn_benefit.py).
     photometric_spread: float = 0.0
     cache: bool = True  # shapes: keep generated uint8 images in memory (per process and per loader worker)
 
@@ -115,7 +116,7 @@ def dataset_options() -> list[Owned]:
 
 def data_schema() -> type[DataConfig]:
     """The `data` group's schema in the data layer: DataConfig with every registered dataset's options (the
-    run's full schema adds the tasks' own: src/config.py)."""
+    run's full schema adds the tasks' own: src/config/schema.py)."""
     return _schema(tuple(dataset_options()))
 
 

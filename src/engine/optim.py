@@ -1,4 +1,5 @@
-"""Optimizer and LR-schedule builders on top of torch.optim and torch.optim.lr_scheduler.
+"""Optimizer, LR-schedule and weight-EMA builders on top of torch.optim, torch.optim.lr_scheduler and
+torch.optim.swa_utils.
 
 Schedules are expressed in epochs in the config but stepped once per optimizer step here, so warmup
 and decay are smooth and independent of how many steps an epoch has.
@@ -11,6 +12,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from src.models import param_groups
 
@@ -100,3 +102,8 @@ def current_lr(optimizer: torch.optim.Optimizer) -> float:
 def trainable(params: Iterable[nn.Parameter]) -> int:
     """Number of trainable scalars."""
     return sum(p.numel() for p in params if p.requires_grad)
+
+
+def build_ema(model: nn.Module, decay: float) -> AveragedModel:
+    """EMA copy of the unwrapped `model`; buffers (BN running stats) are averaged too (use_buffers=True)."""
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)

@@ -23,10 +23,9 @@ from src import comm
 from src.config import TrainerConfig
 from src.data import set_loader_epoch
 from src.data.batch import Batch
-from src.engine.amp import PRECISIONS
-from src.precision import autocast
 from src.engine.hooks import Hook, TrainerView
 from src.engine.precise_bn import recompute_bn_stats
+from src.precision import PRECISIONS, autocast
 
 log = logging.getLogger(__name__)
 

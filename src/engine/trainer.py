@@ -30,15 +30,14 @@ from src.data import set_loader_epoch
 from src.data.batch import Batch
 from src.data.device_transforms import DeviceTransform, prefetch
 from src.engine.accumulation import gradient_sync, micro_step
-from src.engine.amp import PRECISIONS
-from src.precision import autocast
 from src.engine.checkpoint.files import CheckpointSaver
+from src.engine.checkpoint.state import TrainState
 from src.engine.finite import FiniteGuard
 from src.engine.hooks import Hook, StepOutput
 from src.engine.norm_sync import sync_bn_buffers
 from src.engine.optim import current_lr
-from src.engine.checkpoint.state import TrainState
 from src.logger import progress
+from src.precision import PRECISIONS, autocast
 from src.tasks import Task
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ datasets, registered with its name): no list to extend. Importing src.tasks impo
 """
 from __future__ import annotations
 
-from src.tasks.base import EvalContext, Evaluator, Task
+from src.tasks.base import Task
 from src.tasks.registry import (all_tasks, get_task, load_tasks, model_tasks, register_task, resolve_task,
                                 task_models, task_names)
 
-__all__ = ["EvalContext", "Evaluator", "Task", "all_tasks", "get_task", "load_tasks", "model_tasks",
-           "register_task", "resolve_task", "task_models", "task_names"]
+__all__ = ["Task", "all_tasks", "get_task", "load_tasks", "model_tasks", "register_task", "resolve_task", "task_models",
+           "task_names"]

@@ -11,8 +11,9 @@ Who calls what:
   (the task's keys in the config groups, src/dataclass_config.py), `validate(config)`;
 - the training run: `data` (TaskData: transforms and collation of Batches, src/data/batch.py), `options(config)`
   (one object) for `loss(options)` and `batch_mix(options, ...)`, `forward` (training mode), `train_hooks`;
-- evaluation (src/engine/evaluation/evaluator.py): `eval_forward` of each batch, `evaluator(context)`, whose
-  `process` sees every batch's outputs and whose `compute` (every rank, collectives) returns the metrics;
+- evaluation (src/evaluation/loop.py; the protocol it calls: src/evaluation/protocol.py): `eval_forward` of each
+  batch, `evaluator(context)`, whose `process` sees every batch's outputs and whose `compute` (every rank,
+  collectives) returns the metrics;
 - TensorBoard: `log_train_samples`, `log_eval_pictures`;
 - predict.py: `predict_options`, `predict_settings`, `predict_batch_size`, `eval_forward`, `predict`; export.py:
   `eval_forward`, `export_output`, `export_size`; the dry run: `describe_output`.
@@ -22,41 +23,18 @@ overrides what differs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from src.data.task_data import TaskData
 from src.dataclass_config import section
+from src.evaluation.protocol import EvalContext, Evaluator
 
 MAX, MIN = "max", "min"  # which way a metric improves
 Loss = Callable[[Any, Any], torch.Tensor]  # (model outputs, targets) -> the micro-batch's mean loss
-
-
-@dataclass
-class EvalContext:
-    """What an evaluator may need to know about the run and the data."""
-
-    num_classes: int
-    device: torch.device
-    dataset_size: Optional[int]  # None when the loader's dataset has no len(): the each-once check is then partial
-    class_names: Optional[list[str]] = None
-    # `loss_fn(outputs, targets)`: unreduced losses (or a 0-dim mean) instead of the task's own loss.
-    loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None
-    export: Optional[Path] = None  # write predictions in dataset order here (docs/evaluation.md)
-
-
-class Evaluator(Protocol):
-    """Accumulates one rank's shard without communicating, then computes the metrics of all ranks together."""
-
-    def process(self, outputs: Any, targets: Any, indices: torch.Tensor) -> None:
-        """One batch: the model's eval outputs, the targets, the dataset indices of its samples (CPU int64)."""
-
-    def compute(self) -> dict[str, float]:
-        """The metrics over every rank's samples, the same dict on every rank (call on every rank)."""
 
 
 class Task:
@@ -73,7 +51,7 @@ class Task:
     per_class_direction: str = MAX
     data: TaskData  # the data layer's part of the task: transforms and collation (src/data/task_data.py)
     # The keys this task adds to config groups, by group ("data", "trainer"): a dataclass each, in the task's
-    # options.py, which src/config.py adds to the group's schema (the keys stay data.crop_size, ...). Each
+    # options.py, which src/config/schema.py adds to the group's schema (the keys stay data.crop_size, ...). Each
     # dataclass's validate() checks them; a run of another task refuses them when set.
     config_options: Mapping[str, type] = {}
     predict_options: Optional[type] = None  # predict.py's keys this task reads (e.g. topk), a dataclass

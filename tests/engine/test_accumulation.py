@@ -13,13 +13,13 @@ from torch.nn.parallel import DistributedDataParallel
 from src import comm
 from src.config import TrainerConfig
 from src.engine.accumulation import micro_step, optimizer_steps_per_epoch
-from src.engine.amp import build_scaler
-from src.engine.hooks import Hook
-from src.tasks.classification import classification_loss
 from src.engine.checkpoint.state import TrainState
+from src.engine.hooks import Hook
 from src.engine.trainer import Trainer
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+from src.precision import build_scaler
+from src.tasks.classification import classification_loss
 from tests.engine.fake_loader import ListLoader
 from tests.support.gloo import run_on_ranks
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import pytest
 
 from src.engine.trackers.background import BackgroundSinks
-from src.tracker_config import CsvTrackerConfig, MlflowTrackerConfig
+from src.config.tracker import CsvTrackerConfig, MlflowTrackerConfig
 from src.engine.trackers.csv_sink import CsvSink
 from src.engine.trackers.mlflow_sink import MlflowSink
 from src.engine.trackers.params import flatten_config

@@ -17,13 +17,13 @@ from torchvision import tv_tensors
 from src.config import TrainerConfig
 from src.data.device_transforms import DeviceTransform, ErasedTarget
 from src.data.transforms import NormalizeUint8
-from src.engine.amp import build_scaler
 from src.engine.checkpoint.files import CheckpointSaver, load_checkpoint
-from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
-from src.tasks.classification import classification_loss
-from src.engine.preemption import PreemptionHook
 from src.engine.checkpoint.state import Progress, TrainState
+from src.engine.hooks import CheckpointHook, Hook, StopAtMaxSteps
+from src.engine.preemption import PreemptionHook
 from src.engine.trainer import Trainer
+from src.precision import build_scaler
+from src.tasks.classification import classification_loss
 from tests.engine.fake_loader import ListLoader
 
 pytestmark = pytest.mark.usefixtures("restores_rng")  # tests here seed torch's global generator

@@ -109,7 +109,7 @@ def test_a_task_adds_its_hooks_after_its_evaluation_and_before_the_checkpoint(tm
 
 
 def test_evaluation_runs_the_tasks_evaluation_forward() -> None:
-    from src.engine.evaluation.evaluator import evaluate
+    from src.evaluation.loop import evaluate
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -131,5 +131,7 @@ def test_evaluation_runs_the_tasks_evaluation_forward() -> None:
     model = torch.nn.Linear(3, 2)
     batches = [(torch.randn(4, 3), torch.zeros(4), torch.arange(4))]
     assert evaluate(model, batches, Doubled(), 2, "cpu") == {"n": 4.0}
+    with pytest.raises(TypeError, match=r"get_task\('doubled'\)"):  # evaluation looks no task name up
+        evaluate(model, batches, "doubled", 2, "cpu")
     with torch.no_grad():
         torch.testing.assert_close(seen[0][0], 2 * model(batches[0][0]))

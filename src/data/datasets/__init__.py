@@ -1,6 +1,7 @@
-"""One module per dataset family, each registering its names in src.data.registry.DATASETS.
+"""One module per dataset family (or one package: shapes/), each registering its names in
+src.data.registry.DATASETS.
 
-Every module in this folder is imported here, so adding a dataset is adding a file (and its
+Every module in this folder and its packages is imported here, so adding a dataset is adding a file (and its
 conf/data/<name>.yaml): no list to extend. Modules are imported in name order.
 """
 from __future__ import annotations
@@ -8,5 +9,5 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+for _module in sorted(m.name for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")):
+    importlib.import_module(_module)

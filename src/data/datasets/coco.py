@@ -12,7 +12,7 @@ when the dataset is built, before training (src/data/coco_annotations.py: each e
 entry); crowd annotations and boxes without area are dropped from the training targets, category ids become
 labels 1..K in id order. The validation targets also carry each image's ground truth as the file has it
 (target["coco"], a CocoImageTruth: crowd regions, every box, the annotations' area, the file's ids), which
-COCO's evaluation reads (src/tasks/coco_evaluation.py). Loading goes through torchvision's CocoDetection
+COCO's evaluation reads (src/evaluation/coco.py). Loading goes through torchvision's CocoDetection
 (pycocotools' index) and its transforms-v2 wrapper, which turns the [x, y, w, h] boxes into XYXY BoundingBoxes
 and, for instance segmentation, each annotation's polygons or run-length encoding into a mask.
 """

@@ -19,8 +19,8 @@ from typing import Any
 from PIL import Image
 from torchvision import datasets
 
-from src.data import shapes
 from src.data.config import DataConfig
+from src.data.datasets.shapes import drawing
 from src.data.demo_folders import IMAGE_SIDE, JPEG_QUALITY, DemoFolder
 from src.data.download import require_dir, resolve_root
 from src.data.image_files import IMAGE_EXTENSIONS, has_extension, is_hidden, load_rgb
@@ -56,12 +56,12 @@ class ClassFolders(datasets.ImageFolder):
 def write_classify(out: Path, train_per_class: int = 1000, val_per_class: int = 100, seed: int = 0) -> Path:
     """An example tree under out/classify, one dominant shape per image, 6 classes:
     classify/{train,val}/<shape>/<n>.jpg. Returns that folder."""
-    kinds = shapes.DEFAULT_CLASSIFICATION_KINDS
+    kinds = drawing.DEFAULT_CLASSIFICATION_KINDS
     root = Path(out) / "classify"
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
         for index in range(per_class * kinds):
-            img, label = shapes.make_classification_image(seed, split, index, IMAGE_SIDE, kinds)
-            path = root / split / shapes.SHAPE_NAMES[label] / f"{index:05d}.jpg"
+            img, label = drawing.make_classification_image(seed, split, index, IMAGE_SIDE, kinds)
+            path = root / split / drawing.SHAPE_NAMES[label] / f"{index:05d}.jpg"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(path, quality=JPEG_QUALITY)
     return root

@@ -1,7 +1,7 @@
 """The experiment trackers a run's `tracker` config asks for (TensorBoard excepted: the Tracker owns it)."""
 from __future__ import annotations
 
-from src.tracker_config import TrackerConfig
+from src.config.tracker import TrackerConfig
 from src.engine.trackers.sink import Sink
 
 

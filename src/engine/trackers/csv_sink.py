@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from src.tracker_config import CsvTrackerConfig
+from src.config.tracker import CsvTrackerConfig
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 
 FIXED = ["split", "epoch", "step", "time"]

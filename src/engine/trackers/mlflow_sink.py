@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from src.tracker_config import MlflowTrackerConfig
+from src.config.tracker import MlflowTrackerConfig
 from src.engine.trackers.params import flatten_config
 from src.engine.trackers.sink import RunInfo, numeric_metrics
 

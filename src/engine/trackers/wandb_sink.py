@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from src.tracker_config import WandbTrackerConfig
+from src.config.tracker import WandbTrackerConfig
 from src.engine.trackers.sink import FINISHED, RunInfo, numeric_metrics
 
 log = logging.getLogger(__name__)

@@ -18,16 +18,17 @@ import torch.nn.functional as F
 from src import comm
 from src.data.samplers import check_each_index_once
 from src.dataclass_config import section
+from src.evaluation.exact import check_each_sample_once, custom_loss
+from src.evaluation.protocol import EvalContext
 from src.models.registry import IMAGE_LOGITS
 from src.precision import upcast
-from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, Loss, Task
 from src.tasks.classification.exports import export_classification
 from src.tasks.classification.metrics import topk_correct
 from src.tasks.classification.mix import build_mix
 from src.tasks.classification.options import ClassificationData, ClassificationPredict, ClassificationTraining
 from src.tasks.classification.predictions import PREDICTIONS_CSV, write_predictions_csv
 from src.tasks.classification.transforms import CLASSIFICATION_DATA, check_image_data
-from src.tasks.evaluation import check_each_sample_once, custom_loss
 from src.tasks.registry import register_task
 
 EACH_ONCE_HINT = "the loader must use EvalBatchSampler (src.data.build_eval_loader)"

@@ -4,9 +4,9 @@ The models follow torchvision's protocol: in training `model(images, targets)` r
 (summed into the training loss), in evaluation `model(images)` returns per image {"boxes" (xyxy, in the
 input's pixels), "scores", "labels"}. Images are lists of float [3, H, W] tensors in 0..1 (the model resizes
 and normalises them itself); targets are lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K]} with
-labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes_det.py and coco.py.
+labels 1..num_classes-1 (0 is the background). Datasets: src/data/datasets/shapes/detection.py and coco.py.
 
-Evaluation: COCO's own (pycocotools' COCOeval on COCO's ground truth, src/tasks/coco_evaluation.py): mAP@[.5:.95]
+Evaluation: COCO's own (pycocotools' COCOeval on COCO's ground truth, src/evaluation/coco.py): mAP@[.5:.95]
 (`map`), mAP@.5 (`map50`) and mAP@.75 (`map75`). Each rank keeps its images' detections and COCO ground truth
 by dataset index; one gather_object brings every image's to rank 0, sorted by index, the metric is computed
 there on all of them in that order (exactly what one process computes, for any world size) and broadcast to
@@ -24,11 +24,12 @@ from torchvision.io import write_png
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
+from src.evaluation.coco import box_results, coco_metrics, ground_truth, image_truth
+from src.evaluation.exact import check_each_sample_once
+from src.evaluation.protocol import EvalContext
 from src.models.registry import DETECTIONS
 from src.precision import upcast
-from src.tasks.base import MAX, EvalContext, Loss, Task
-from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth, image_truth
-from src.tasks.evaluation import check_each_sample_once
+from src.tasks.base import MAX, Loss, Task
 from src.tasks.detection.options import DetectionPredict
 from src.tasks.detection.pictures import detection_picture, truth_tiles
 from src.tasks.detection.transforms import DETECTION_DATA
@@ -172,7 +173,7 @@ class Detection(Task):
         return f"{[len(o['boxes']) for o in outputs]} boxes per image"
 
     def evaluator(self, context: EvalContext) -> DetectionEvaluator:
-        """map, map50, map75 (COCO's evaluation, src/tasks/coco_evaluation.py)."""
+        """map, map50, map75 (COCO's evaluation, src/evaluation/coco.py)."""
         return DetectionEvaluator(context)
 
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from src.data.coco_annotations import COCO_TRUTH_KEY, CocoImageTruth
-from src.tasks.coco_evaluation import image_truth
+from src.evaluation.coco import image_truth
 
 MASK_THRESHOLD = 0.5  # a pixel belongs to a predicted instance when its mask probability exceeds this (COCO's)
 

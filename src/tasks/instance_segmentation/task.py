@@ -5,9 +5,9 @@ The models follow torchvision's protocol: in training `model(images, targets)` r
 into the training loss), in evaluation `model(images)` returns per image {"boxes", "scores", "labels", "masks"
 (probabilities [N, 1, H, W] in the input's pixels)}. Images are lists of float [3, H, W] tensors in 0..1; targets
 lists of {"boxes": float [K, 4] xyxy, "labels": int64 [K] in 1..num_classes-1, "masks": uint8 [K, H, W]}.
-Datasets: src/data/datasets/shapes_inst.py.
+Datasets: src/data/datasets/shapes/instance_segmentation.py.
 
-Evaluation: COCO's own (pycocotools' COCOeval, src/tasks/coco_evaluation.py) of both iou types on one ground truth:
+Evaluation: COCO's own (pycocotools' COCOeval, src/evaluation/coco.py) of both iou types on one ground truth:
 mask mAP@[.5:.95] (`mask_map`), mask mAP@.5 (`mask_map50`) and box mAP@[.5:.95] (`box_map`). Each rank encodes its
 images' masks (RLE, masks.py) and keeps them with their boxes and COCO ground truth by dataset index; one
 gather_object brings every image's to rank 0, sorted by index, the metrics are computed there on all of them in
@@ -25,13 +25,14 @@ from torchvision.io import write_png
 from src import comm
 from src.data.coco_annotations import CocoImageTruth
 from src.data.samplers import check_each_index_once
+from src.evaluation.coco import box_results, coco_metrics, ground_truth
+from src.evaluation.exact import check_each_sample_once
+from src.evaluation.protocol import EvalContext
 from src.models.registry import INSTANCES
 from src.precision import upcast
-from src.tasks.base import MAX, EvalContext, Loss, Task
-from src.tasks.coco_evaluation import box_results, coco_metrics, ground_truth
+from src.tasks.base import MAX, Loss, Task
 from src.tasks.detection.pictures import truth_tiles
 from src.tasks.detection.task import detection_loss, refuse_list_batch_settings
-from src.tasks.evaluation import check_each_sample_once
 from src.tasks.instance_segmentation.masks import binarise, encode, instance_truth, mask_results
 from src.tasks.instance_segmentation.options import InstanceSegmentationPredict
 from src.tasks.instance_segmentation.predictions import draw_instances, write_instances_json
@@ -139,7 +140,7 @@ class InstanceSegmentation(Task):
         return f"{[len(o['masks']) for o in outputs]} instances per image"
 
     def evaluator(self, context: EvalContext) -> InstanceSegmentationEvaluator:
-        """mask_map, mask_map50, box_map (COCO's evaluation, src/tasks/coco_evaluation.py)."""
+        """mask_map, mask_map50, box_map (COCO's evaluation, src/evaluation/coco.py)."""
         return InstanceSegmentationEvaluator(context)
 
     def log_train_samples(self, writer: Any, images: Any, targets: Any, step: int, *, mean: Sequence[float],

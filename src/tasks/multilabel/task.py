@@ -24,12 +24,13 @@ import torch.nn.functional as F
 
 from src import comm
 from src.data.samplers import check_each_index_once
+from src.evaluation.exact import check_each_sample_once, custom_loss, metric_name
+from src.evaluation.protocol import EvalContext
 from src.models.registry import IMAGE_LOGITS
 from src.precision import upcast
-from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
+from src.tasks.base import MAX, MIN, Loss, Task
 from src.tasks.classification.options import ClassificationData
 from src.tasks.classification.transforms import check_image_data
-from src.tasks.evaluation import check_each_sample_once, custom_loss, metric_name
 from src.tasks.multilabel.metrics import average_precisions, mean_average_precision
 from src.tasks.multilabel.options import MultiLabelPredict
 from src.tasks.multilabel.predictions import PREDICTIONS_CSV, PROBABILITIES_NPY, write_predictions_csv

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from src.tasks.evaluation import metric_name
+from src.evaluation.exact import metric_name
 
 
 def confusion_matrix(

@@ -19,10 +19,11 @@ from src import comm
 from src.data.samplers import check_each_index_once
 from src.data.segmentation.masks import IGNORE_INDEX
 from src.data.segmentation.palette import save_mask_png
+from src.evaluation.exact import check_each_sample_once, custom_loss
+from src.evaluation.protocol import EvalContext
 from src.models.registry import PIXEL_LOGITS
 from src.precision import upcast
-from src.tasks.base import MAX, MIN, EvalContext, Loss, Task
-from src.tasks.evaluation import check_each_sample_once, custom_loss
+from src.tasks.base import MAX, MIN, Loss, Task
 from src.tasks.pictures import to_uint8_image
 from src.tasks.registry import register_task
 from src.tasks.segmentation.exports import export_segmentation, gather_masks

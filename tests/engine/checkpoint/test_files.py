@@ -16,12 +16,11 @@ import torch
 
 from src.config import OptimConfig, SchedConfig
 from src.engine.checkpoint import files as ckpt_io
-from src.engine.amp import build_scaler
-from src.engine.ema import build_ema
-from src.engine.optim import build_optimizer, build_scheduler
+from src.engine.optim import build_ema, build_optimizer, build_scheduler
 from src.engine.seeding import capture_rng_state, restore_rng_state
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+from src.precision import build_scaler
 
 # Tests here seed torch's global generator, and the RNG-state test draws from numpy's and Python's too.
 pytestmark = pytest.mark.usefixtures("restores_rng")

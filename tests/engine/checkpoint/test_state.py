@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from src.config import OptimConfig, SchedConfig
-from src.engine.amp import build_scaler
-from src.engine.ema import build_ema
-from src.engine.optim import build_optimizer, build_scheduler
 from src.engine.checkpoint.state import FORMAT_VERSION, Progress, TrainState, read_checkpoint
+from src.engine.optim import build_ema, build_optimizer, build_scheduler
 from src.errors import UserError
 from src.models import build_model
 from src.models.config import ModelConfig, NormConfig
+from src.precision import build_scaler
 from tests.engine.legacy_checkpoint import write_format_v0
 from tests.support.launch import launch, rows
 

@@ -25,14 +25,15 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 
-from src.data import DataConfig
-from tests.support.task_data import build_datasets, build_eval_loader
-from src.engine.evaluation.evaluator import evaluate
 from src.config import data_config
+from src.data import DataConfig
+from src.evaluation.loop import evaluate
 from src.models import build_model
-from tests.support.coco_files import COLOURS, VARIED_CATEGORIES, VARIED_CLASS_NAMES, varied_coco, write_coco_folder
+from src.tasks import get_task
 from tests.support import process_state
+from tests.support.coco_files import COLOURS, VARIED_CATEGORIES, VARIED_CLASS_NAMES, varied_coco, write_coco_folder
 from tests.support.gloo import run_on_ranks
+from tests.support.task_data import build_datasets, build_eval_loader
 
 WORLDS = (1, 2, 3)
 SHAPES = dict(name="shapes_det", train_size=4, val_size=7, image_size=48, num_classes=4, eval_batch_size=2,
@@ -89,7 +90,7 @@ def _evaluate_all(rank: int, world: int, coco_root: str, out: str) -> dict[str, 
     metrics = {}
     for name, (cfg, make_model) in runs.items():
         bundle = build_datasets(cfg, seed=0)
-        metrics[name] = evaluate(make_model(bundle), build_eval_loader(bundle.val, cfg, rank, world), "detection",
+        metrics[name] = evaluate(make_model(bundle), build_eval_loader(bundle.val, cfg, rank, world), get_task("detection"),
                                  bundle.num_classes, "cpu", export=Path(out) / name, class_names=bundle.class_names,
                                  threads=1)
     return {"metrics": metrics, "threads_after": torch.get_num_threads()}

@@ -69,7 +69,7 @@ def test_a_small_images_drawn_prediction_is_enlarged_with_one_label_per_object(t
 
 
 def test_tensorboard_draws_the_validation_images_the_same_way(writer) -> None:
-    from src.data.shapes_datasets import ShapesDetection
+    from src.data.datasets.shapes.datasets import ShapesDetection
     from src.models import build_model
 
     task = get_task("detection")

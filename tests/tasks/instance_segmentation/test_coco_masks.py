@@ -22,8 +22,8 @@ from pycocotools.cocoeval import COCOeval
 from src.config import data_config
 from src.data.coco_annotations import image_truths, load_annotations
 from src.data.registry import dataset_entry
+from src.evaluation.coco import coco_metrics, ground_truth
 from src.tasks import get_task
-from src.tasks.coco_evaluation import coco_metrics, ground_truth
 from src.tasks.instance_segmentation.masks import encode, instance_truth, mask_results
 from tests.support.coco_files import VARIED_CLASS_NAMES, varied_coco, with_segmentations, write_coco_folder, write_coco_split
 

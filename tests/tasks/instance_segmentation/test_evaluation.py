@@ -28,8 +28,9 @@ from pycocotools.cocoeval import COCOeval
 from torch import nn
 
 from src.config import data_config
-from src.engine.evaluation.evaluator import evaluate
+from src.evaluation.loop import evaluate
 from src.models import build_model
+from src.tasks import get_task
 from tests.support import process_state
 from tests.support.coco_files import varied_coco, with_segmentations, write_coco_folder
 from tests.support.gloo import run_on_ranks
@@ -94,7 +95,7 @@ def _evaluate_all(rank: int, world: int, out: str, coco_root: str) -> dict[str, 
     for name, (cfg, make_model) in runs.items():
         bundle = build_datasets(cfg, seed=0, task="instance_segmentation")
         loader = build_eval_loader(bundle.val, cfg, rank, world, task="instance_segmentation")
-        metrics[name] = evaluate(make_model(bundle.val), loader, "instance_segmentation", bundle.num_classes, "cpu",
+        metrics[name] = evaluate(make_model(bundle.val), loader, get_task("instance_segmentation"), bundle.num_classes, "cpu",
                                  export=Path(out) / name, class_names=bundle.class_names, threads=1)
     return {"metrics": metrics, "threads_after": torch.get_num_threads()}
 

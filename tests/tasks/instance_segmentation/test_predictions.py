@@ -73,7 +73,7 @@ def test_rle_round_trip_and_the_ground_truth_of_masks() -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_pictures(writer) -> None:
-    from src.data.datasets.shapes_inst import ShapesInstances
+    from src.data.datasets.shapes.instance_segmentation import ShapesInstances
     from src.models import build_model
 
     task = get_task("instance_segmentation")

@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from src.data.datasets.shapes_multilabel import ShapesMultiLabel
+from src.data.datasets.shapes.multilabel import ShapesMultiLabel
 from tests.models.test_pretrained import _torchvision_file
 from tests.support.launch import REPO, launch, rows
 

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from src.config import data_config
-from src.data import shapes
-from src.data.datasets.shapes_multilabel import ShapesMultiLabel
-from src.data.shapes_datasets import ShapesDetection
+from src.data.datasets.shapes import drawing
+from src.data.datasets.shapes.datasets import ShapesDetection
+from src.data.datasets.shapes.multilabel import ShapesMultiLabel
 from tests.support.task_data import build_datasets
 
 ARGS = dict(image_size=40, num_shape_kinds=5, min_shapes=1, max_shapes=4, radius_range=(0.15, 0.3))
@@ -20,7 +20,7 @@ ARGS = dict(image_size=40, num_shape_kinds=5, min_shapes=1, max_shapes=4, radius
 
 def test_the_labels_are_the_kinds_the_scenes_show() -> None:
     labels, boxes = ShapesMultiLabel(2, "val", 40, **ARGS), ShapesDetection(2, "val", 40, **ARGS)
-    assert labels.classes == list(shapes.SHAPE_NAMES[:5])
+    assert labels.classes == list(drawing.SHAPE_NAMES[:5])
     hidden = 0
     for i in range(len(labels)):
         image, target = labels[i]
@@ -29,7 +29,7 @@ def test_the_labels_are_the_kinds_the_scenes_show() -> None:
         expected = torch.zeros(5)
         expected[det_target["labels"] - 1] = 1  # a box per visible shape, labelled kind + 1
         assert torch.equal(target, expected), i
-        _, _, kinds = shapes.make_instance_image(2, "val", i, 40, 5, 1, 4, radius_range=(0.15, 0.3))
+        _, _, kinds = drawing.make_instance_image(2, "val", i, 40, 5, 1, 4, radius_range=(0.15, 0.3))
         hidden += len(set(kinds)) - int(target.sum())
     assert hidden > 0  # some kind drawn but (nearly) hidden is not a label: the rule was exercised
 
@@ -39,7 +39,7 @@ def test_classification_transforms_leave_the_multi_hot_target_alone() -> None:
            "auto_augment": "randaugment", "random_erase": 0.5, "color_jitter": 0.4}
     for device_transforms in (False, True):
         bundle = build_datasets(cfg, seed=0, device_transforms=device_transforms)
-        assert bundle.task == "multilabel" and bundle.class_names == list(shapes.SHAPE_NAMES[:6])
+        assert bundle.task == "multilabel" and bundle.class_names == list(drawing.SHAPE_NAMES[:6])
         for epoch in range(2):
             for i in range(16):
                 image, target = bundle.train[(epoch, i)]

@@ -1,5 +1,5 @@
 """Multi-label classification's evaluator on real gloo groups: map, ap_<class> and loss for world sizes 1, 2, 3 equal
-a one-process evaluation bit for bit (tests/engine/evaluation/test_evaluator.py's harness), the APs equal
+a one-process evaluation bit for bit (tests/evaluation/test_loop.py's harness), the APs equal
 scikit-learn's average_precision_score of the same logits, and the export is complete and in dataset order.
 
 101 samples (no world size divides them) in batches of 8: uneven shards, ranks run different numbers of batches.
@@ -16,9 +16,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from src.engine.cpu_threads import fixed_threads
-from src.engine.evaluation.evaluator import evaluate
-from tests.engine.evaluation.test_evaluator import loader, same
+from src.cpu_threads import fixed_threads
+from src.evaluation.loop import evaluate
+from src.tasks import get_task
+from tests.evaluation.test_loop import loader, same
 from tests.support import process_state
 from tests.support.gloo import run_on_ranks
 
@@ -60,7 +61,7 @@ def tiny_tagger() -> nn.Module:
 def evaluate_multilabel(rank: int, world: int, out_dir: str) -> dict:
     """The evaluation with its export; runs in each rank (or in the test)."""
     torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
-    metrics = evaluate(tiny_tagger(), loader(MultiLabelData(), rank, world, BATCH), "multilabel", NUM_CLASSES, "cpu",
+    metrics = evaluate(tiny_tagger(), loader(MultiLabelData(), rank, world, BATCH), get_task("multilabel"), NUM_CLASSES, "cpu",
                        export=Path(out_dir) / "ml", class_names=CLASS_NAMES, threads=1)
     return {"ml": metrics, "threads_after": torch.get_num_threads()}
 

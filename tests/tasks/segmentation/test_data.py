@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from src.data import DataConfig, dataset_task
 from src.config import data_config
+from src.data import DataConfig, dataset_task
 from tests.data.test_device_transforms import _assert_same
 from tests.data.test_files import _png
 from tests.support.task_data import build_datasets, build_eval_loader, build_train_loader
@@ -65,7 +65,7 @@ def test_segmentation_augmentation_keeps_image_and_mask_aligned() -> None:
     from torchvision import tv_tensors
 
     from src.tasks.segmentation.transforms import segmentation_train_transform
-    from src.data.shapes import make_segmentation_image
+    from src.data.datasets.shapes.drawing import make_segmentation_image
 
     cfg = data_config(name="shapes_seg", crop_size=48, base_size=64, scale_min=0.6, scale_max=1.6,
                      mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0])

@@ -1,5 +1,5 @@
 """Segmentation's evaluator on real gloo groups: metrics and the mask export for world sizes 1, 2, 3 equal a
-one-process evaluation, bit for bit (tests/engine/evaluation/test_evaluator.py); the export holds the model's
+one-process evaluation, bit for bit (tests/evaluation/test_loop.py); the export holds the model's
 argmax; the loss is pixel-weighted; TensorBoard's panels.
 
 The validation set has 13 images of different sizes (no world size divides it): the shards are uneven and
@@ -17,9 +17,10 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
-from src.engine.evaluation.evaluator import evaluate
+from src.evaluation.loop import evaluate
+from src.tasks import get_task
 from src.tasks.segmentation.exports import mask_filename
-from tests.engine.evaluation.test_evaluator import loader, same
+from tests.evaluation.test_loop import loader, same
 from tests.support import process_state
 from tests.support.gloo import run_on_ranks
 
@@ -76,7 +77,7 @@ def evaluate_segmentation(rank: int, world: int, out_dir: str) -> dict:
     """Segmentation evaluation with its export; runs in each rank (or in the test)."""
     torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     model = tiny_segmenter()
-    metrics = evaluate(model.eval(), loader(SegData(), rank, world, 1), "segmentation", NUM_SEG_CLASSES, "cpu",
+    metrics = evaluate(model.eval(), loader(SegData(), rank, world, 1), get_task("segmentation"), NUM_SEG_CLASSES, "cpu",
                        export=Path(out_dir) / "seg", threads=1)
     return {"seg": metrics, "training_after": model.training, "threads_after": torch.get_num_threads()}
 
@@ -121,7 +122,7 @@ def test_reference_export_matches_the_model(tmp_path: Path) -> None:
     model, data = tiny_segmenter().eval(), SegData()
     with torch.inference_mode():
         direct = model(data.items[5][0].unsqueeze(0))["out"].argmax(1)[0].numpy()
-    evaluate(model, loader(data, 0, 1, 1), "segmentation", NUM_SEG_CLASSES, "cpu", export=tmp_path)
+    evaluate(model, loader(data, 0, 1, 1), get_task("segmentation"), NUM_SEG_CLASSES, "cpu", export=tmp_path)
     np.testing.assert_array_equal(np.array(Image.open(tmp_path / mask_filename(5))), direct)
 
 
@@ -133,7 +134,7 @@ def test_segmentation_loss_is_pixel_weighted_cross_entropy() -> None:
             logits = model(x.unsqueeze(0))["out"]
             loss = nn.functional.cross_entropy(logits, y.unsqueeze(0), ignore_index=255, reduction="sum")
             num, den = num + float(loss), den + int((y != 255).sum())
-    res = evaluate(model, loader(data, 0, 1, 1), "segmentation", NUM_SEG_CLASSES, "cpu")
+    res = evaluate(model, loader(data, 0, 1, 1), get_task("segmentation"), NUM_SEG_CLASSES, "cpu")
     # float32 per-pixel losses summed in a different order: agree to 1e-6 relative
     assert res["loss"] == pytest.approx(num / den, rel=1e-6)
 

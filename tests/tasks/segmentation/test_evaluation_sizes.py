@@ -17,10 +17,11 @@ import torch
 
 from src.config import data_config
 from src.data.segmentation.demo_folders import write_segment
-from src.engine.evaluation.evaluator import evaluate
+from src.evaluation.loop import evaluate
 from src.models import build_model
-from tests.support.task_data import build_datasets, build_eval_loader
+from src.tasks import get_task
 from tests.support.gloo import run_on_ranks
+from tests.support.task_data import build_datasets, build_eval_loader
 
 VAL_IMAGES = 7
 
@@ -32,7 +33,7 @@ def _evaluate(rank: int, world: int, root: str, out: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model({"name": "deeplabv3_resnet18", "head_channels": 32, "output_stride": 16},
                         {"name": "bn"}, bundle.num_classes).eval()
-    metrics = evaluate(model, build_eval_loader(bundle.val, cfg, rank, world), "segmentation", bundle.num_classes,
+    metrics = evaluate(model, build_eval_loader(bundle.val, cfg, rank, world), get_task("segmentation"), bundle.num_classes,
                        "cpu", export=out, class_names=bundle.class_names, threads=1)
     return {"metrics": metrics, "threads_after": torch.get_num_threads()}
 

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from src.commands.predict import run
-from src.tasks.predict_io import list_inputs
+from src.commands.predict_io import list_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 

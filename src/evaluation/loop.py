@@ -3,8 +3,9 @@
 The loader comes from src.data.build_eval_loader (EvalBatchSampler: fixed blocks of dataset indices as
 batches, whole blocks per rank, no padding) and yields Batches of (images, targets, indices) (src/data/batch.py).
 Ranks may therefore run different numbers of batches, so the per-batch loop never communicates: the task's
-evaluation forward (Task.eval_forward) runs each batch, its evaluator (src/tasks/) accumulates the outputs, and all collectives happen once, in its compute(), in the same
-order on every rank. How each task keeps its results exact is in its package (src/tasks/<task>/).
+evaluation forward (Task.eval_forward) runs each batch, its evaluator (src/tasks/<task>/) accumulates the
+outputs, and all collectives happen once, in its compute(), in the same order on every rank. How each task keeps
+its results exact is in its package; the helpers they share are src/evaluation/exact.py.
 
 Bitwise the same at any world size: each image is computed in the same batch (the sampler) with the same
 number of CPU threads (`threads`, trainer.eval_num_threads), so its outputs are the same bits whichever rank
@@ -18,10 +19,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from src.cpu_threads import fixed_threads
 from src.data.batch import as_batch
-from src.engine.cpu_threads import fixed_threads
+from src.evaluation.protocol import EvalContext, EvaluatedTask
 from src.precision import autocast, model_dtype
-from src.tasks import EvalContext, Task, get_task
 from src.unwrap import eval_mode, without_ddp
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -30,7 +31,7 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 def evaluate(
     model: nn.Module,
     loader: Any,
-    task: Task | str,
+    task: EvaluatedTask,
     num_classes: int,
     device: torch.device | str,
     *,
@@ -42,15 +43,17 @@ def evaluate(
 ) -> dict[str, float]:
     """Evaluate on the loader's shard of every rank; returns the same metrics dict on every rank.
 
-    `task` is a registered task or its name; the metrics are the task's (classification: {"loss", "top1",
-    "top5"}, top-k in percent; segmentation: {"loss", "miou", "pixel_acc", "iou_<class>"...}, 0-1).
+    `task` is the run's Task (src.tasks.get_task(name) for a registered one); the metrics are the task's
+    (classification: {"loss", "top1", "top5"}, top-k in percent; segmentation: {"loss", "miou", "pixel_acc",
+    "iou_<class>"...}, 0-1).
     `loss_fn(outputs, targets)` should return unreduced losses (per sample [N], or per pixel [N,H,W] with
     ignored pixels at 0); default: the task's own. `export=DIR` writes predictions in dataset order from
     rank 0. `threads` > 0: the intra-op CPU threads during the evaluation on a CPU device (restored after);
     the same number on every rank makes the results bitwise independent of the world size. Must be called
     on every rank (it ends with collectives).
     """
-    task = get_task(task) if isinstance(task, str) else task
+    if isinstance(task, str):  # evaluation sits below the task registry and does not look names up
+        raise TypeError(f"evaluate() takes a Task object, not its name: pass src.tasks.get_task({task!r})")
     device = torch.device(device)
     # Not through DDP: ranks run different numbers of batches, and DDP's forward may synchronise buffers.
     # A compiled bare model (trainer.compile) is kept: evaluation runs its compiled eval-mode graph.

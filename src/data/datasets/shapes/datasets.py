@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from src.data import shapes
+from src.data.datasets.shapes import drawing
 
 
 class _CachedShapes(Dataset):
@@ -21,8 +21,8 @@ class _CachedShapes(Dataset):
     """
 
     def __init__(self, seed: int, split: str, length: int, cache: bool) -> None:
-        if split not in shapes.SPLITS:
-            raise ValueError(f"split must be one of {sorted(shapes.SPLITS)}, got {split!r}")
+        if split not in drawing.SPLITS:
+            raise ValueError(f"split must be one of {sorted(drawing.SPLITS)}, got {split!r}")
         self.seed, self.split, self.length, self.cache = int(seed), split, int(length), cache
         self._store: dict[int, tuple[np.ndarray, Any]] = {}
 
@@ -50,19 +50,19 @@ class ShapesClassification(_CachedShapes):
     def __init__(self, seed: int, split: str, length: int, image_size: int, num_classes: int,
                  noise_std: float = 10.0, cache: bool = True, photometric_spread: float = 0.0) -> None:
         super().__init__(seed, split, length, cache)
-        shapes.check_num_classes(num_classes)
+        drawing.check_num_classes(num_classes)
         self.image_size, self.num_classes, self.noise_std = image_size, num_classes, noise_std
         self.photometric_spread = photometric_spread
-        self.classes = list(shapes.SHAPE_NAMES[:num_classes])
+        self.classes = list(drawing.SHAPE_NAMES[:num_classes])
 
     def _generate(self, index: int) -> tuple[np.ndarray, int]:
-        return shapes.make_classification_image(self.seed, self.split, index, self.image_size,
+        return drawing.make_classification_image(self.seed, self.split, index, self.image_size,
                                                 self.num_classes, self.noise_std, self.photometric_spread)
 
     @property
     def targets(self) -> list[int]:
         """Labels without generating images (classes cycle through the indices)."""
-        return [shapes.classification_label(i, self.num_classes) for i in range(self.length)]
+        return [drawing.classification_label(i, self.num_classes) for i in range(self.length)]
 
     def __getitem__(self, index: int) -> tuple[tv_tensors.Image, int]:
         img, label = self.raw(index)
@@ -78,15 +78,15 @@ class ShapesSegmentation(_CachedShapes):
                  radius_range: tuple[float, float] = (0.2, 0.34), photometric_spread: float = 0.0) -> None:
         super().__init__(seed, split, length, cache)
         self.photometric_spread = photometric_spread
-        shapes.check_num_classes(num_shape_kinds)
+        drawing.check_num_classes(num_shape_kinds)
         self.radius_range = (float(radius_range[0]), float(radius_range[1]))
         self.image_size, self.num_shape_kinds = image_size, num_shape_kinds
         self.min_shapes, self.max_shapes = min_shapes, max_shapes
         self.variable_size, self.noise_std = variable_size, noise_std
-        self.classes = ["background"] + list(shapes.SHAPE_NAMES[:num_shape_kinds])
+        self.classes = ["background"] + list(drawing.SHAPE_NAMES[:num_shape_kinds])
 
     def _generate(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        return shapes.make_segmentation_image(self.seed, self.split, index, self.image_size, self.num_shape_kinds,
+        return drawing.make_segmentation_image(self.seed, self.split, index, self.image_size, self.num_shape_kinds,
                                               self.min_shapes, self.max_shapes, self.variable_size, self.noise_std,
                                               self.radius_range, self.photometric_spread)
 
@@ -132,17 +132,17 @@ class ShapesDetection(_CachedShapes):
                  noise_std: float = 10.0, cache: bool = True,
                  radius_range: tuple[float, float] = (0.2, 0.34), photometric_spread: float = 0.0) -> None:
         super().__init__(seed, split, length, cache)
-        shapes.check_num_classes(num_shape_kinds)
+        drawing.check_num_classes(num_shape_kinds)
         self.image_size, self.num_shape_kinds = image_size, num_shape_kinds
         self.min_shapes, self.max_shapes = min_shapes, max_shapes
         self.variable_size, self.noise_std = variable_size, noise_std
         self.radius_range = (float(radius_range[0]), float(radius_range[1]))
         self.photometric_spread = photometric_spread
-        self.classes = ["background"] + list(shapes.SHAPE_NAMES[:num_shape_kinds])
+        self.classes = ["background"] + list(drawing.SHAPE_NAMES[:num_shape_kinds])
 
     def _generate(self, index: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         # Only the image and the boxes are kept (the cache's share): the owner map is not needed afterwards.
-        img, owner, kinds = shapes.make_instance_image(
+        img, owner, kinds = drawing.make_instance_image(
             self.seed, self.split, index, self.image_size, self.num_shape_kinds, self.min_shapes, self.max_shapes,
             self.variable_size, self.noise_std, self.radius_range, self.photometric_spread)
         return img, visible_boxes(owner, kinds)
@@ -157,9 +157,9 @@ class ShapesDetection(_CachedShapes):
 
 def check_scene_classes(name: str, num_classes: int | None) -> None:
     """data.num_classes of a several-shapes set (shapes_seg, shapes_det): background + 2..MAX_CLASSES kinds."""
-    if num_classes is not None and not 3 <= num_classes <= shapes.MAX_CLASSES + 1:
-        raise ValueError(f"data.num_classes for {name} must be in 3..{shapes.MAX_CLASSES + 1} "
-                         f"(background + 2..{shapes.MAX_CLASSES} shape kinds), got {num_classes}")
+    if num_classes is not None and not 3 <= num_classes <= drawing.MAX_CLASSES + 1:
+        raise ValueError(f"data.num_classes for {name} must be in 3..{drawing.MAX_CLASSES + 1} "
+                         f"(background + 2..{drawing.MAX_CLASSES} shape kinds), got {num_classes}")
 
 
 @dataclass
@@ -187,7 +187,7 @@ class SceneOptions:
 def scene_splits(cfg: Any, scenes: type) -> tuple[Dataset, Dataset, bool]:
     """The train and val sets of a several-shapes dataset class (ShapesSegmentation, ShapesDetection) from the data
     config, and whether every val image has one size. data.num_classes counts the background (kinds + 1)."""
-    kinds = (cfg.num_classes or shapes.DEFAULT_SEGMENTATION_KINDS + 1) - 1
+    kinds = (cfg.num_classes or drawing.DEFAULT_SEGMENTATION_KINDS + 1) - 1
     common = dict(image_size=cfg.image_size, num_shape_kinds=kinds, min_shapes=cfg.min_shapes,
                   max_shapes=cfg.max_shapes, noise_std=cfg.noise_std, cache=cfg.cache,
                   radius_range=(cfg.min_shape_size, cfg.max_shape_size), photometric_spread=cfg.photometric_spread)

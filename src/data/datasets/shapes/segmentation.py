@@ -1,10 +1,10 @@
 """The embedded segmentation set `shapes_seg`: several shapes per image and their per-pixel mask, generated, no
-files (src/data/shapes_datasets.py)."""
+files (src/data/datasets/shapes/datasets.py)."""
 from __future__ import annotations
 
 from src.data.config import DataConfig
+from src.data.datasets.shapes.datasets import SceneOptions, ShapesSegmentation, check_scene_classes, scene_splits
 from src.data.registry import DATASETS, Splits
-from src.data.shapes_datasets import SceneOptions, ShapesSegmentation, check_scene_classes, scene_splits
 
 
 def _check_shapes_seg(cfg: DataConfig) -> None:

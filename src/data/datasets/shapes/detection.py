@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from src.data.config import DataConfig
+from src.data.datasets.shapes.datasets import SceneOptions, ShapesDetection, check_scene_classes, scene_splits
 from src.data.registry import DATASETS, Splits
-from src.data.shapes_datasets import SceneOptions, ShapesDetection, check_scene_classes, scene_splits
 
 
 def _check_shapes_det(cfg: DataConfig) -> None:

@@ -1,4 +1,4 @@
-"""src/tasks/coco_evaluation.py: COCO's ground truth as the file has it, COCO's results format, COCOeval's numbers.
+"""src/evaluation/coco.py: COCO's ground truth as the file has it, COCO's results format, COCOeval's numbers.
 
 Small hand-made cases whose mAP is known: what COCO's evaluation does with crowd regions, tiny boxes and the
 annotations' area, and the two places it differs from pycocotools on the raw file (annotation id 0, missing
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from src.data.coco_annotations import CocoImageTruth
-from src.tasks.coco_evaluation import STAT_NAMES, box_results, coco_metrics, ground_truth, image_truth
+from src.evaluation.coco import STAT_NAMES, box_results, coco_metrics, ground_truth, image_truth
 
 CATEGORIES = (3, 7)  # labels 1 and 2
 NAMES = ["background", "cat", "dog"]

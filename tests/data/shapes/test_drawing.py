@@ -4,24 +4,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from src.data import shapes
-from src.data.shapes_datasets import ShapesClassification, ShapesSegmentation
+from src.data.datasets.shapes import drawing
+from src.data.datasets.shapes.datasets import ShapesClassification, ShapesSegmentation
 
 
 def test_same_key_same_image() -> None:
-    a, la = shapes.make_classification_image(3, "train", 17, 32, 8)
-    b, lb = shapes.make_classification_image(3, "train", 17, 32, 8)
+    a, la = drawing.make_classification_image(3, "train", 17, 32, 8)
+    b, lb = drawing.make_classification_image(3, "train", 17, 32, 8)
     assert a.dtype == np.uint8 and a.shape == (32, 32, 3)
     assert la == lb and np.array_equal(a, b)
-    m1 = shapes.make_segmentation_image(3, "val", 5, 48, 4)
-    m2 = shapes.make_segmentation_image(3, "val", 5, 48, 4)
+    m1 = drawing.make_segmentation_image(3, "val", 5, 48, 4)
+    m2 = drawing.make_segmentation_image(3, "val", 5, 48, 4)
     assert np.array_equal(m1[0], m2[0]) and np.array_equal(m1[1], m2[1])
 
 
 @pytest.mark.parametrize("other", [(4, "train", 17), (3, "val", 17), (3, "train", 18)])
 def test_seed_split_index_each_change_the_image(other: tuple[int, str, int]) -> None:
-    base, _ = shapes.make_classification_image(3, "train", 17, 32, 8)
-    img, _ = shapes.make_classification_image(*other, 32, 8)
+    base, _ = drawing.make_classification_image(3, "train", 17, 32, 8)
+    img, _ = drawing.make_classification_image(*other, 32, 8)
     # Whole images differ, not a few pixels: mean absolute difference well above the noise level.
     assert np.abs(img.astype(int) - base.astype(int)).mean() > 10
 
@@ -44,7 +44,7 @@ def test_mean_colour_does_not_reveal_the_class() -> None:
     k, n = 8, 1600
     feats, labels = [], []
     for i in range(n):
-        img, label = shapes.make_classification_image(0, "train", i, 32, k)
+        img, label = drawing.make_classification_image(0, "train", i, 32, k)
         f = img.reshape(-1, 3).astype(float)
         feats.append(np.concatenate([f.mean(0), f.std(0)]))
         labels.append(label)
@@ -64,7 +64,7 @@ def test_mask_consistent_with_image() -> None:
     k = 4
     seen = set()
     for i in range(40):
-        img, mask = shapes.make_segmentation_image(1, "train", i, 64, k, noise_std=0.0)
+        img, mask = drawing.make_segmentation_image(1, "train", i, 64, k, noise_std=0.0)
         assert mask.shape == img.shape[:2] and mask.dtype == np.uint8
         assert mask.max() <= k
         seen.update(np.unique(mask).tolist())
@@ -123,8 +123,8 @@ def test_cache_generates_each_image_once() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="split"):
-        shapes.make_classification_image(0, "training", 0, 32, 8)
+        drawing.make_classification_image(0, "training", 0, 32, 8)
     with pytest.raises(ValueError, match="2..8"):
-        shapes.make_classification_image(0, "train", 0, 32, 9)
+        drawing.make_classification_image(0, "train", 0, 32, 9)
     with pytest.raises(IndexError):
         ShapesClassification(0, "train", 5, 32, 8)[5]

@@ -1,5 +1,6 @@
 """The embedded instance-segmentation set `shapes_inst`: the shapes_seg scenes by instance, one mask (its visible
-pixels), box and class per visible shape; generated, no files (src/data/shapes.py's make_instance_image)."""
+pixels), box and class per visible shape; generated, no files (src/data/datasets/shapes/drawing.py's
+make_instance_image)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,11 +9,11 @@ import numpy as np
 import torch
 from torchvision import tv_tensors
 
-from src.data import shapes
 from src.data.config import DataConfig
+from src.data.datasets.shapes import drawing
+from src.data.datasets.shapes.datasets import (MIN_VISIBLE_AREA, SceneOptions, ShapesDetection,
+                                               check_scene_classes, scene_splits, visible_boxes)
 from src.data.registry import DATASETS, Splits
-from src.data.shapes_datasets import (MIN_VISIBLE_AREA, SceneOptions, ShapesDetection, check_scene_classes,
-                                      scene_splits, visible_boxes)
 
 
 class ShapesInstances(ShapesDetection):
@@ -27,7 +28,7 @@ class ShapesInstances(ShapesDetection):
 
     def _generate(self, index: int) -> tuple[np.ndarray, Any]:
         # The cache keeps the owner map (one byte per pixel) and the kept shapes' ids, not K full masks.
-        img, owner, kinds = shapes.make_instance_image(
+        img, owner, kinds = drawing.make_instance_image(
             self.seed, self.split, index, self.image_size, self.num_shape_kinds, self.min_shapes, self.max_shapes,
             self.variable_size, self.noise_std, self.radius_range, self.photometric_spread)
         kept = np.asarray([j for j in range(1, len(kinds) + 1) if int((owner == j).sum()) >= MIN_VISIBLE_AREA],

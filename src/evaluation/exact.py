@@ -1,4 +1,5 @@
-"""Helpers the tasks' evaluators share: the exactly-once check, a caller's own loss function, metric names."""
+"""Helpers the tasks' evaluators share to keep evaluation exact: the exactly-once check, a caller's own loss
+function in float64, metric names made from class names."""
 from __future__ import annotations
 
 import re

@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from src.data.samplers import EvalBatchSampler
-from src.engine.evaluation.evaluator import evaluate
+from src.evaluation.loop import evaluate
+from src.tasks import get_task
 from tests.support import process_state
 from tests.support.gloo import run_on_ranks
 
@@ -64,7 +65,7 @@ def evaluate_classification(rank: int, world: int, out_dir: str) -> dict:
     torch.set_num_threads(1 + rank % 2)  # what each process had before: evaluation must not depend on it
     model = tiny_classifier()
     model.train()  # evaluate() must switch to eval and back
-    metrics = evaluate(model, loader(ClsData(), rank, world, 8), "classification", NUM_CLASSES, "cpu",
+    metrics = evaluate(model, loader(ClsData(), rank, world, 8), get_task("classification"), NUM_CLASSES, "cpu",
                        export=Path(out_dir) / "cls", threads=1)
     return {"cls": metrics, "training_after": model.training, "threads_after": torch.get_num_threads()}
 
@@ -111,11 +112,11 @@ def test_distributed_evaluation_equals_one_process(world: int, reference: tuple[
 
 def test_custom_loss_fn_reduced_or_not_gives_the_same_mean() -> None:
     model, data = tiny_classifier(), ClsData()
-    unreduced = evaluate(model, loader(data, 0, 1, 101), "classification", NUM_CLASSES, "cpu",
+    unreduced = evaluate(model, loader(data, 0, 1, 101), get_task("classification"), NUM_CLASSES, "cpu",
                          loss_fn=lambda lo, t: nn.functional.cross_entropy(lo, t, reduction="none") * 2)
-    reduced = evaluate(model, loader(data, 0, 1, 10), "classification", NUM_CLASSES, "cpu",
+    reduced = evaluate(model, loader(data, 0, 1, 10), get_task("classification"), NUM_CLASSES, "cpu",
                        loss_fn=lambda lo, t: nn.functional.cross_entropy(lo, t) * 2)
-    plain = evaluate(model, loader(data, 0, 1, 10), "classification", NUM_CLASSES, "cpu")
+    plain = evaluate(model, loader(data, 0, 1, 10), get_task("classification"), NUM_CLASSES, "cpu")
     # batch means weighted by batch size: the same mean up to float rounding (1e-6 relative)
     assert reduced["loss"] == pytest.approx(unreduced["loss"], rel=1e-6)
     assert unreduced["loss"] == pytest.approx(2 * plain["loss"], rel=1e-6)
@@ -125,18 +126,18 @@ def test_duplicated_or_missing_samples_are_an_error() -> None:
     data = ClsData()
     twice = DataLoader(data, batch_size=8, sampler=[0, 1, 2, 2] + list(range(3, 100)))  # 101 items, one twice
     with pytest.raises(RuntimeError, match="more than one rank"):
-        evaluate(tiny_classifier(), twice, "classification", NUM_CLASSES, "cpu")
+        evaluate(tiny_classifier(), twice, get_task("classification"), NUM_CLASSES, "cpu")
     short = DataLoader(data, batch_size=8, sampler=list(range(50)))
     with pytest.raises(RuntimeError, match="50 of 101"):
-        evaluate(tiny_classifier(), short, "classification", NUM_CLASSES, "cpu")
+        evaluate(tiny_classifier(), short, get_task("classification"), NUM_CLASSES, "cpu")
     no_index = DataLoader(torch.utils.data.TensorDataset(data.x, data.y), batch_size=8)
     with pytest.raises(ValueError, match="images, targets, indices"):
-        evaluate(tiny_classifier(), no_index, "classification", NUM_CLASSES, "cpu")
+        evaluate(tiny_classifier(), no_index, get_task("classification"), NUM_CLASSES, "cpu")
 
 
 def test_bf16_autocast_runs_and_stays_close() -> None:
     model, data = tiny_classifier(), ClsData()
-    fp32 = evaluate(model, loader(data, 0, 1, 32), "classification", NUM_CLASSES, "cpu")
-    bf16 = evaluate(model, loader(data, 0, 1, 32), "classification", NUM_CLASSES, "cpu", amp="bf16")
+    fp32 = evaluate(model, loader(data, 0, 1, 32), get_task("classification"), NUM_CLASSES, "cpu")
+    bf16 = evaluate(model, loader(data, 0, 1, 32), get_task("classification"), NUM_CLASSES, "cpu", amp="bf16")
     # bf16 has ~3 significant digits; the mean loss of this tiny model moves by far less than 5%
     assert bf16["loss"] == pytest.approx(fp32["loss"], rel=5e-2)

@@ -1,7 +1,7 @@
 """What the tasks' evaluators share: metric names made from class names."""
 from __future__ import annotations
 
-from src.tasks.evaluation import metric_name
+from src.evaluation.exact import metric_name
 
 
 def test_metric_name() -> None:

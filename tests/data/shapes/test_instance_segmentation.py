@@ -7,9 +7,9 @@ import torch
 from torchvision import tv_tensors
 
 from src.config import data_config
-from src.data import shapes
-from src.data.datasets.shapes_inst import ShapesInstances
-from src.data.shapes_datasets import ShapesDetection
+from src.data.datasets.shapes import drawing
+from src.data.datasets.shapes.datasets import ShapesDetection
+from src.data.datasets.shapes.instance_segmentation import ShapesInstances
 from src.tasks.instance_segmentation.transforms import INSTANCE_SEGMENTATION_DATA
 from tests.support.task_data import build_datasets
 
@@ -25,7 +25,7 @@ def test_the_shapes_det_scenes_with_the_visible_pixels_of_each_shape() -> None:
         det_image, det_target = det[i]
         assert torch.equal(image, det_image) and torch.equal(target["labels"], det_target["labels"])
         assert torch.equal(target["boxes"], det_target["boxes"])
-        _, owner, kinds = shapes.make_instance_image(1, "train", i, 48, KINDS, 3, 6, radius_range=(0.1, 0.3))
+        _, owner, kinds = drawing.make_instance_image(1, "train", i, 48, KINDS, 3, 6, radius_range=(0.1, 0.3))
         masks = target["masks"]
         assert isinstance(masks, tv_tensors.Mask) and masks.dtype == torch.uint8 and masks.shape[1:] == (48, 48)
         visible = [j for j in range(1, len(kinds) + 1) if (owner == j).sum() >= 16]

@@ -17,7 +17,7 @@ from src.errors import USER_ERROR_EXIT_CODE
 from src.models import MODELS
 from src.tasks import model_tasks
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _options(group: str) -> list[str]:

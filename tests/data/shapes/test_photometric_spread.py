@@ -4,27 +4,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from src.data import shapes
-from src.data.config import DataConfig
 from src.config import data_config
+from src.data.config import DataConfig
+from src.data.datasets.shapes import drawing
 
 
 def test_zero_spread_is_the_plain_generator() -> None:
-    plain, label = shapes.make_classification_image(0, "train", 5, 32, 6)
-    same, same_label = shapes.make_classification_image(0, "train", 5, 32, 6, photometric_spread=0.0)
+    plain, label = drawing.make_classification_image(0, "train", 5, 32, 6)
+    same, same_label = drawing.make_classification_image(0, "train", 5, 32, 6, photometric_spread=0.0)
     assert label == same_label and np.array_equal(plain, same)
 
 
 def test_spread_keeps_the_scene_and_the_mask() -> None:
-    _, plain_mask = shapes.make_segmentation_image(0, "train", 9, 48, 4)
-    img, mask = shapes.make_segmentation_image(0, "train", 9, 48, 4, photometric_spread=1.0)
-    again, _ = shapes.make_segmentation_image(0, "train", 9, 48, 4, photometric_spread=1.0)
+    _, plain_mask = drawing.make_segmentation_image(0, "train", 9, 48, 4)
+    img, mask = drawing.make_segmentation_image(0, "train", 9, 48, 4, photometric_spread=1.0)
+    again, _ = drawing.make_segmentation_image(0, "train", 9, 48, 4, photometric_spread=1.0)
     assert np.array_equal(mask, plain_mask) and np.array_equal(img, again)
 
 
 def test_spread_scatters_the_per_image_means() -> None:
     def spread_of_means(spread: float) -> float:
-        means = [shapes.make_classification_image(0, "train", i, 32, 6, photometric_spread=spread)[0].mean()
+        means = [drawing.make_classification_image(0, "train", i, 32, 6, photometric_spread=spread)[0].mean()
                  for i in range(64)]
         return float(np.std(means))
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 from torchvision import tv_tensors
 
-from src.data import shapes
-from src.data.config import DataConfig
+from src.config import data_config
 from src.data.batch import collate_lists
-from src.tasks.detection.transforms import detection_eval_transform, detection_train_transform
+from src.data.config import DataConfig
+from src.data.datasets.shapes import drawing
+from src.data.datasets.shapes.datasets import MIN_VISIBLE_AREA, ShapesDetection, ShapesSegmentation
 from src.data.registry import dataset_entry
 from src.data.seeded import IndexedDataset, SeededTransformDataset
-from src.data.shapes_datasets import MIN_VISIBLE_AREA, ShapesDetection, ShapesSegmentation
-from src.config import data_config
+from src.tasks.detection.transforms import detection_eval_transform, detection_train_transform
 
 KINDS = 4
 ARGS = dict(image_size=64, num_shape_kinds=KINDS, min_shapes=3, max_shapes=6, radius_range=(0.1, 0.3))
@@ -41,8 +41,8 @@ def test_each_box_is_the_tight_box_of_a_visible_shape() -> None:
     dropped = 0
     for i in range(len(ds)):
         image, target = ds[i]
-        _, owner, kinds = shapes.make_instance_image(1, "train", i, 64, KINDS, 3, 6, radius_range=(0.1, 0.3))
-        _, mask = shapes.make_segmentation_image(1, "train", i, 64, KINDS, 3, 6, radius_range=(0.1, 0.3))
+        _, owner, kinds = drawing.make_instance_image(1, "train", i, 64, KINDS, 3, 6, radius_range=(0.1, 0.3))
+        _, mask = drawing.make_segmentation_image(1, "train", i, 64, KINDS, 3, 6, radius_range=(0.1, 0.3))
         boxes, labels = target["boxes"].tolist(), target["labels"].tolist()
         k = 0
         for j in range(1, len(kinds) + 1):
