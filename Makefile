@@ -37,7 +37,7 @@ build-ext: setup
 	$(PY) -m src.syncbn.build
 
 train: setup
-	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+	SYNCTRAIN_MAKE_TARGET=train $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, one test file (or the docker / cluster folder, whose
 # tests share minutes-long fixtures) at a time each; TEST_WORKERS=0 runs it in this one process.

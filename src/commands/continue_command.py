@@ -2,7 +2,8 @@
 or `make train NPROC=N`, followed by `trainer.resume=<run folder>` (a resume needs nothing else).
 
 How it was launched is read from the process: torchrun's workers have TORCHELASTIC_RUN_ID and their parent is the
-torchrun agent, whose command line gives its options; `make` sets MAKELEVEL for the commands of its recipes.
+torchrun agent, whose command line gives its options; the Makefile's train recipe sets MAKE_TARGET_ENV (not make's
+own MAKELEVEL, which every recipe's commands inherit: `make test` running torchrun is not `make train`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional
 from src.commands.run_dir import shown_path
 
 _TORCHRUN_MODULE = "torch.distributed.run"
+MAKE_TARGET_ENV = "SYNCTRAIN_MAKE_TARGET"  # set by the Makefile's train recipe to "train"
 
 
 def continue_command(run_dir: Path) -> str:
@@ -25,7 +27,7 @@ def continue_command(run_dir: Path) -> str:
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return f"{_python()} {shlex.quote(script)} {resume}"
     nproc = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if os.environ.get("MAKELEVEL"):  # `make train` (the Makefile's recipe runs torchrun --nproc_per_node=$(NPROC))
+    if os.environ.get(MAKE_TARGET_ENV) == "train":  # `make train` (its recipe runs torchrun --nproc_per_node=$(NPROC))
         return f'make train NPROC={nproc} ARGS="{resume}"'
     launcher = _torchrun_launcher(_parent_argv(), sys.argv[0]) or ["torchrun", f"--nproc_per_node={nproc}"]
     return " ".join([*map(shlex.quote, launcher), shlex.quote(script), resume])

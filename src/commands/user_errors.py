@@ -8,11 +8,13 @@ file its failure summary prints); its traceback also goes to the log files. HYDR
 UserError's traceback too (the exit code stays 2).
 
 Under torchrun every process usually meets the same mistake (the same command line, config and files), and W
-copies of one message bury it. The first rank to report a message prints it, the others stay silent: each counts
-its message in torchrun's store, which outlives the workers. Nobody waits for anybody: a mistake that only one
-rank sees (its node's data folder, GPUs, one corrupt file in its shard) is printed at once by that rank, prefixed
-with its number, before its exit makes the other ranks fail in their collectives and torchrun stop them all.
-Without torchrun's store (one process, or another launcher) every rank prints its own, prefixed where not rank 0.
+copies of one message bury it. Rank 0 prints its message; another rank prints only a message rank 0 did not meet:
+it looks for rank 0's in torchrun's store (which outlives the workers) for up to RANK0_WAIT_S, and prints its own,
+prefixed with its number, when rank 0's does not come, or at once when torchrun stops it (SIGTERM) while it waits:
+a mistake only one rank meets (its node's data folder or GPUs, a corrupt file in its shard) makes the other ranks
+fail in their collectives, and torchrun then stops this rank. A count in the store lets only the first of the
+ranks print a message. Without torchrun's store (one process, or another launcher) every rank prints its own,
+prefixed where not rank 0.
 Ctrl-C that reaches it (outside training, which stops at a step and saves: src/engine/preemption.py) ends the
 command with one line and INTERRUPTED_EXIT_CODE.
 
@@ -28,6 +30,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable, NoReturn, Optional, TypeVar
 
@@ -39,6 +42,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks; "1" shows a UserError's too
 # 128 + SIGINT, what a shell reports for a program that Ctrl-C ended (training uses it too, after saving last.pt).
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+# How long a rank other than 0 waits for rank 0 to meet the same mistake before printing its own: the ranks reach
+# the same check within moments of each other, seconds apart on a loaded machine.
+RANK0_WAIT_S = 10.0
+_POLL_S = 0.05
 _STORE_CONNECT_S = 5.0
 _KEY_PREFIX = "synctrain/user_error"
 
@@ -83,7 +90,7 @@ def exit_on_user_error(err: UserError, *, same_on_every_rank: bool = False) -> N
     text = "".join(traceback.format_exception(err)).rstrip() if full else f"error: {message}"
     write_to_log_files(message, logging.ERROR, (type(err), err, err.__traceback__) if full else None)
     rank = _rank()
-    prints = rank == 0 if same_on_every_rank else _first_to_report(message)
+    prints = rank == 0 if same_on_every_rank else _prints(message, rank)
     if prints:
         print(text if full or rank == 0 else f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
     raise SystemExit(USER_ERROR_EXIT_CODE)
@@ -108,11 +115,11 @@ def _rank() -> int:
         return 0
 
 
-def _message_key(message: str) -> str:
-    """This launch's key for `message`: torchrun keeps one store for every restart of its workers."""
+def _message_key(kind: str, message: str) -> str:
+    """This launch's key of `kind` for `message`: torchrun keeps one store for every restart of its workers."""
     run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{_KEY_PREFIX}/{run}/{attempt}/{hashlib.sha256(message.encode()).hexdigest()}"
+    return f"{_KEY_PREFIX}/{run}/{attempt}/{kind}/{hashlib.sha256(message.encode()).hexdigest()}"
 
 
 def _agent_store() -> Optional[Any]:
@@ -129,12 +136,45 @@ def _agent_store() -> Optional[Any]:
         return None
 
 
-def _first_to_report(message: str) -> bool:
-    """Whether no other rank of this launch reported `message` before (True without torchrun's store)."""
+class _Stopped(Exception):
+    """torchrun's SIGTERM arrived while this rank waited for rank 0."""
+
+
+def _prints(message: str, rank: int) -> bool:
+    """Whether this rank prints `message` (the module docstring's protocol; True without torchrun's store)."""
     store = _agent_store()
     if store is None:
         return True
     try:
-        return store.add(_message_key(message), 1) == 1  # atomic in the store: exactly one rank counts 1
+        if rank == 0:
+            store.set(_message_key("rank0", message), "1")
+        elif _rank0_met(store, message):
+            return False
+        return store.add(_message_key("printed", message), 1) == 1  # atomic: exactly one rank counts 1
     except Exception:  # noqa: BLE001 - the store went away: print ours
         return True
+
+
+def _rank0_met(store: Any, message: str) -> bool:
+    """Whether rank 0 meets `message` within RANK0_WAIT_S; False at once on SIGTERM (torchrun stopping us)."""
+    key = _message_key("rank0", message)
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise _Stopped
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stopped)
+    except ValueError:  # not the main thread: no handler, the wait only
+        previous = None
+    try:
+        deadline = time.monotonic() + RANK0_WAIT_S
+        while time.monotonic() < deadline:
+            if store.check([key]):
+                return True
+            time.sleep(_POLL_S)  # short waits: the handler runs between them
+        return False
+    except _Stopped:
+        return False
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ def in_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working directory with a run folder below it; train.py as the script; no launcher around."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["train.py", "data.batch_size=8", "hydra.run.dir=outputs/x"])
-    for key in (*TORCHRUN_ENV, "MAKELEVEL"):
+    for key in (*TORCHRUN_ENV, module.MAKE_TARGET_ENV):
         monkeypatch.delenv(key, raising=False)
     return tmp_path / "outputs" / "x"
 
@@ -47,6 +47,9 @@ def test_torchrun_with_its_own_options(in_repo: Path, monkeypatch: pytest.Monkey
 
 
 def test_make_train(in_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {**TORCHRUN_ENV, "MAKELEVEL": "1"}.items():
+    for key, value in {**TORCHRUN_ENV, "MAKELEVEL": "1"}.items():  # torchrun under another make target (make test)
         monkeypatch.setenv(key, value)
+    monkeypatch.setattr(module, "_parent_argv", lambda: None)
+    assert not continue_command(in_repo).startswith("make")
+    monkeypatch.setenv(module.MAKE_TARGET_ENV, "train")  # the Makefile's train recipe
     assert continue_command(in_repo) == 'make train NPROC=2 ARGS="trainer.resume=outputs/x"'

@@ -11,7 +11,11 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
+import signal
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -125,24 +129,37 @@ def _exit_code(err: UserError, **kwargs: bool) -> object:
     return stop.value.code
 
 
-def test_the_first_rank_to_report_a_message_prints_it(agent_store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_another_rank_prints_only_what_rank_zero_did_not(agent_store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("RANK", "0")
     assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
     assert capsys.readouterr().err == "error: data.root=/x: not found\n"
     monkeypatch.setenv("RANK", "1")
     assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE  # rank 0 said it: silent
-    assert _exit_code(UserError("a mistake only rank 1 sees")) == USER_ERROR_EXIT_CODE  # nobody said it yet
+    monkeypatch.setattr(user_errors, "RANK0_WAIT_S", 0.2)
+    assert _exit_code(UserError("a mistake only rank 1 sees")) == USER_ERROR_EXIT_CODE  # printed after the wait
+    monkeypatch.setenv("RANK", "2")
+    assert _exit_code(UserError("a mistake only rank 1 sees")) == USER_ERROR_EXIT_CODE  # rank 1 printed it: silent
     assert _exit_code(UserError("the command line's mistake"), same_on_every_rank=True) == USER_ERROR_EXIT_CODE
     assert capsys.readouterr().err == "error (rank 1): a mistake only rank 1 sees\n"
-    # Another launch (or torchrun's restart of this one): rank 1 first, nobody waits for rank 0, which then is silent.
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
-    assert capsys.readouterr().err == "error (rank 1): data.root=/x: not found\n"
-    monkeypatch.setenv("RANK", "0")
-    assert _exit_code(UserError("data.root=/x: not found")) == USER_ERROR_EXIT_CODE
-    assert _exit_code(UserError("the command line's mistake"), same_on_every_rank=True) == USER_ERROR_EXIT_CODE
-    assert capsys.readouterr().err == "error: the command line's mistake\n"
+
+
+def test_a_rank_that_torchrun_stops_while_it_waits_prints_its_mistake(
+        agent_store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 0 failed in a collective because this rank left it: torchrun's SIGTERM must not swallow the cause."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(user_errors, "RANK0_WAIT_S", 60.0)
+    previous = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    timer.start()
+    try:
+        assert _exit_code(UserError("cannot read image bee/1.jpg")) == USER_ERROR_EXIT_CODE
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 30
+    assert capsys.readouterr().err == "error (rank 1): cannot read image bee/1.jpg\n"
+    assert signal.getsignal(signal.SIGTERM) is previous  # restored
 
 
 def test_reported_mistakes_reach_the_log_and_program_errors_keep_their_traceback(
